@@ -1,0 +1,56 @@
+# Entry points for users, CI and the Dockerfile. Build logic lives in
+# build/pipeline (python3 -m pipeline <step>); this file only wires it up.
+
+PYTHON   ?= python3
+PIPELINE := PYTHONPATH=build $(PYTHON) -m pipeline
+VENV     ?= .venv
+VPY      := $(VENV)/bin/python
+# Kernel tests run with whatever python has torch + triton: the GPU machine's
+# own python3, or the CPU tier's venv (TRITON_INTERPRET=1) when it exists.
+KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
+
+.DEFAULT_GOAL := help
+.PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
+        test-kernels bench-kernels smoke clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+
+fetch: ## download every pinned upstream file into the cache, verified by sha256
+	$(PIPELINE) fetch
+
+verify-pins: ## re-hash everything in the cache against build/pins.toml
+	$(PIPELINE) verify
+
+source: fetch ## unpack pristine upstream trees into .work/src
+	$(PIPELINE) source
+
+patch-check: fetch ## apply every series to fresh pinned sources; print one digest per tree
+	$(PIPELINE) patch-check
+
+wheels: fetch ## build the patched vLLM wheel (precompiled binaries) and plugin wheel
+	$(PIPELINE) wheels
+
+venv: fetch ## create or update the CPU test tier in .venv
+	$(PIPELINE) venv --venv $(VENV)
+
+venv-rebuild: fetch ## rebuild the CPU test tier from scratch
+	$(PIPELINE) venv --venv $(VENV) --fresh
+
+lint: venv ## ruff over everything we own
+	$(VPY) -m ruff check build entrypoint tests patches
+
+test: venv lint ## the whole CPU test suite (what CI runs)
+	$(VPY) -m pytest
+
+test-kernels: ## kernel tests: on a GPU machine, or the CPU subset with TRITON_INTERPRET=1
+	$(KERNEL_PY) -m pytest -p no:cacheprovider tests/kernels
+
+bench-kernels: ## kernel benchmark table (GPU machine)
+	$(KERNEL_PY) tests/kernels/bench_sparse_mla.py
+
+smoke: patch-check ## main job (for now): patch every upstream and summarise
+	@$(PIPELINE) summary
+
+clean: ## remove generated trees, wheels and the venv (the download cache stays)
+	rm -rf .work $(VENV)

@@ -1,0 +1,74 @@
+"""A cached build environment for `pip wheel --no-build-isolation` of vLLM.
+
+vLLM's setup.py decides what to package from `torch.version.cuda`, so the
+build needs the CUDA build of the torch its `requirements/build/cuda.txt`
+pins, even though nothing is compiled. pip's configured find-links may offer a
+`+cpu` torch of the same version (as on these CI machines), which pip would
+prefer; so the environment is installed with `pip --isolated` from the
+configured indexes only. It is reused while the build requirements match."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import pipconfig
+from .errors import PipelineError
+from .paths import cache_dir
+
+
+def _python(env: Path) -> str:
+    return str(env / "bin" / "python")
+
+
+def torch_cuda(env: Path) -> str | None:
+    out = subprocess.run(
+        [_python(env), "-c", "import torch, sys; sys.stdout.write(str(torch.version.cuda))"],
+        capture_output=True, text=True, check=False,
+    )
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() != "None" else None
+
+
+def ensure(tree: Path) -> str:
+    """Python of a build env matching tree's CUDA build requirements."""
+    requirements = tree / "requirements" / "build" / "cuda.txt"
+    if not requirements.is_file():
+        raise PipelineError(f"{tree}: no requirements/build/cuda.txt to build against")
+    key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+    env = cache_dir().parent / f"build-env-{key}"
+    ready = env / ".frontier-ready"
+    if ready.is_file():
+        return _python(env)
+    if env.exists():
+        shutil.rmtree(env)
+    config = pipconfig.read()
+    index_args = ["--index-url", config.index_urls[0]]
+    for extra in config.index_urls[1:]:
+        index_args += ["--extra-index-url", extra]
+    if config.cert:
+        index_args += ["--cert", config.cert]
+    print(f"[wheels] creating build env {env} from {requirements.name} (once; torch with CUDA is large)")
+    staging = env.with_name(env.name + ".part")
+    shutil.rmtree(staging, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+    result = subprocess.run(
+        [str(staging / "bin" / "python"), "-m", "pip", "--isolated", "install", "--progress-bar", "off",
+         *index_args, "-r", str(requirements)],
+        check=False,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PipelineError(f"installing the build requirements {requirements} failed")
+    staging.rename(env)  # venv scripts keep the staging path; we only ever run `python -m`
+    if torch_cuda(env) is None:
+        raise PipelineError(
+            f"{env}: torch has no CUDA (torch.version.cuda is None); vLLM's setup.py would not "
+            "package the CUDA binaries. Point pip's index at one that serves the CUDA torch build."
+        )
+    ready.write_text(key + "\n")
+    os.sync()
+    return _python(env)

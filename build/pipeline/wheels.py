@@ -1,0 +1,138 @@
+"""Build the patched wheels.
+
+vLLM: `pip wheel` of the patched tree with VLLM_USE_PRECOMPILED=1, taking the
+compiled .so files from the pinned release wheel, so no CUDA compile runs.
+The GGUF plugin: its CUDA extension `_C_gguf` can only be built with a CUDA
+toolchain, so we repack the pinned release wheel with our patched Python files
+and a local version label instead of building its sdist."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import PipelineError
+from .patcher import STAMP_PREFIX
+
+_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-(?P<tags>.+)\.whl$")
+
+
+def wheel_version(wheel: Path) -> str:
+    match = _WHEEL_NAME.match(wheel.name)
+    if not match:
+        raise PipelineError(f"{wheel.name}: not a wheel file name")
+    return match.group("version")
+
+
+def _zip_time() -> tuple[int, int, int, int, int, int]:
+    import time
+
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "315532800"))  # 1980-01-01, zip's minimum
+    return time.gmtime(max(epoch, 315532800))[:6]
+
+
+def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) -> Path:
+    """Patched vLLM wheel from tree, with binaries from the precompiled wheel."""
+    from . import build_env
+
+    base = wheel_version(precompiled).split("+", 1)[0]
+    if source_version.split("+", 1)[0] != base:
+        raise PipelineError(
+            f"source version {source_version} differs from the precompiled wheel "
+            f"{precompiled.name} ({base}); its binaries would not match the source"
+        )
+    python = build_env.ensure(tree)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("vllm-*.whl"):
+        old.unlink()
+    env = {
+        **os.environ,
+        "VLLM_USE_PRECOMPILED": "1",
+        "VLLM_PRECOMPILED_WHEEL_LOCATION": str(precompiled),
+        "VLLM_TARGET_DEVICE": "cuda",
+    }
+    with tempfile.TemporaryDirectory(prefix="frontier-wheel-") as tmp:
+        print(f"pip wheel {tree} (precompiled binaries from {precompiled.name}); this takes about a minute")
+        result = subprocess.run(
+            [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp, str(tree)],
+            env=env, check=False,
+        )
+        if result.returncode != 0:
+            raise PipelineError(f"pip wheel of {tree} failed (exit {result.returncode})")
+        built = list(Path(tmp).glob("vllm-*.whl"))
+        if len(built) != 1:
+            raise PipelineError(f"expected one vllm wheel, got {[p.name for p in built]}")
+        final = out / built[0].name
+        shutil.move(built[0], final)
+    return final
+
+
+def check_wheel_has_tree_files(wheel: Path, tree: Path, rel_paths: list[str]) -> None:
+    """The built wheel must carry our patched bytes, not stale upstream ones."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for rel in rel_paths:
+            if rel not in names:
+                raise PipelineError(f"{wheel.name} lacks {rel}")
+            if archive.read(rel) != (tree / rel).read_bytes():
+                raise PipelineError(f"{wheel.name}: {rel} differs from the patched tree")
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def repack_plugin(tree: Path, release_wheel: Path, label: str, out: Path) -> Path:
+    """A wheel of the patched plugin tree, versioned `<release>+frontier.<label>`."""
+    match = _WHEEL_NAME.match(release_wheel.name)
+    if not match:
+        raise PipelineError(f"{release_wheel.name}: not a wheel file name")
+    name, version, tags = match.group("name", "version", "tags")
+    new_version = f"{version}+frontier.{label}"
+    old_info, new_info = f"{name}-{version}.dist-info", f"{name}-{new_version}.dist-info"
+    if not (tree / old_info).is_dir():
+        raise PipelineError(f"{tree}: no {old_info}; is it the unpacked {release_wheel.name}?")
+    files: dict[str, bytes] = {}
+    modes: dict[str, int] = {}
+    for path in sorted(tree.rglob("*")):
+        rel = path.relative_to(tree).as_posix()
+        if not path.is_file() or rel.startswith(STAMP_PREFIX) or "__pycache__" in rel or rel.endswith(".pyc"):
+            continue
+        if rel == f"{old_info}/RECORD":
+            continue
+        data = path.read_bytes()
+        if rel == f"{old_info}/METADATA":
+            data = re.sub(rb"(?m)^Version: .*$", b"Version: " + new_version.encode(), data, count=1)
+        target = rel.replace(old_info + "/", new_info + "/", 1)
+        files[target] = data
+        modes[target] = path.stat().st_mode & 0o777
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for rel, data in files.items():
+        writer.writerow([rel, _record_hash(data), len(data)])
+    writer.writerow([f"{new_info}/RECORD", "", ""])
+    files[f"{new_info}/RECORD"] = record.getvalue().encode()
+    modes[f"{new_info}/RECORD"] = 0o644
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob(f"{name}-*.whl"):
+        old.unlink()
+    final = out / f"{name}-{new_version}-{tags}.whl"
+    part = final.with_name(final.name + ".part")
+    stamp = _zip_time()
+    with zipfile.ZipFile(part, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for rel, data in files.items():  # dist-info last is conventional; RECORD is last
+            info = zipfile.ZipInfo(rel, date_time=stamp)
+            info.external_attr = (0o100000 | modes[rel]) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            archive.writestr(info, data)
+    os.replace(part, final)
+    return final
