@@ -28,7 +28,9 @@ def _python(env: Path) -> str:
 def torch_cuda(env: Path) -> str | None:
     out = subprocess.run(
         [_python(env), "-c", "import torch, sys; sys.stdout.write(str(torch.version.cuda))"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() != "None" else None
 
@@ -51,13 +53,26 @@ def ensure(tree: Path) -> str:
         index_args += ["--extra-index-url", extra]
     if config.cert:
         index_args += ["--cert", config.cert]
-    print(f"[wheels] creating build env {env} from {requirements.name} (once; torch with CUDA is large)")
+    print(
+        f"[wheels] creating build env {env} from {requirements.name} "
+        "(once; the CUDA torch is large)"
+    )
     staging = env.with_name(env.name + ".part")
     shutil.rmtree(staging, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
     result = subprocess.run(
-        [str(staging / "bin" / "python"), "-m", "pip", "--isolated", "install", "--progress-bar", "off",
-         *index_args, "-r", str(requirements)],
+        [
+            str(staging / "bin" / "python"),
+            "-m",
+            "pip",
+            "--isolated",
+            "install",
+            "--progress-bar",
+            "off",
+            *index_args,
+            "-r",
+            str(requirements),
+        ],
         check=False,
     )
     if result.returncode != 0:

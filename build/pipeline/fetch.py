@@ -56,13 +56,17 @@ def _normalize(project: str) -> str:
 
 
 def _context(config: pipconfig.PipConfig) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=config.cert) if config.cert else ssl.create_default_context()
+    return (
+        ssl.create_default_context(cafile=config.cert)
+        if config.cert
+        else ssl.create_default_context()
+    )
 
 
 def _candidates(pin: PinnedFile, config: pipconfig.PipConfig) -> Iterator[str]:
     """URLs (or local paths) that pip's configuration offers for this exact file."""
     for link in config.find_links:
-        local = link[len("file://"):] if link.startswith("file://") else link
+        local = link[len("file://") :] if link.startswith("file://") else link
         if "://" not in local and (Path(local) / pin.filename).is_file():
             yield str(Path(local) / pin.filename)
     if config.no_index:
@@ -119,7 +123,9 @@ def _download(source: str, dest: Path, pin: PinnedFile, config: pipconfig.PipCon
     return digest.hexdigest()
 
 
-def fetch_one(pin: PinnedFile, cache: Path | None = None, config: pipconfig.PipConfig | None = None) -> Path:
+def fetch_one(
+    pin: PinnedFile, cache: Path | None = None, config: pipconfig.PipConfig | None = None
+) -> Path:
     cache = cache or cache_dir()
     target = cached_path(pin, cache)
     if target.is_file():
@@ -161,7 +167,9 @@ def fetch_one(pin: PinnedFile, cache: Path | None = None, config: pipconfig.PipC
     )
 
 
-def fetch_all(pins: Pins, keys: Iterable[str] | None = None, cache: Path | None = None) -> dict[str, Path]:
+def fetch_all(
+    pins: Pins, keys: Iterable[str] | None = None, cache: Path | None = None
+) -> dict[str, Path]:
     wanted = list(keys) if keys else sorted(pins.files)
     selected = [pins.file(key) for key in wanted]
     config: pipconfig.PipConfig | None = None

@@ -29,9 +29,23 @@ def stamp_path(tree: Path, upstream: str) -> Path:
 
 def _patch(patch: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["patch", "-p1", "--fuzz=0", "--batch", "--forward", "--no-backup-if-mismatch",
-         "--reject-file=-", "-d", str(workdir), "-i", str(patch), *extra],
-        capture_output=True, text=True, check=False,
+        [
+            "patch",
+            "-p1",
+            "--fuzz=0",
+            "--batch",
+            "--forward",
+            "--no-backup-if-mismatch",
+            "--reject-file=-",
+            "-d",
+            str(workdir),
+            "-i",
+            str(patch),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -43,11 +57,14 @@ def _explain(patch: Path, output: str) -> str:
             current = file_match.group(1)
         failed = _HUNK_FAILED.search(line)
         if failed:
-            return f"{patch.name}: hunk #{failed.group(1)} of {current} does not apply (at line {failed.group(2)})"
+            hunk, line_no = failed.groups()
+            return f"{patch.name}: hunk #{hunk} of {current} does not apply (at line {line_no})"
         moved = _HUNK_MOVED.search(line)
         if moved:
-            return (f"{patch.name}: hunk #{moved.group(1)} of {current} applies only at line "
-                    f"{moved.group(2)} {moved.group(3)}; refresh the patch against the pinned source")
+            return (
+                f"{patch.name}: hunk #{moved.group(1)} of {current} applies only at line "
+                f"{moved.group(2)} {moved.group(3)}; refresh the patch against the pinned source"
+            )
         if "Reversed (or previously applied) patch detected" in line:
             return f"{patch.name}: already applied to {current}; the tree is patched already"
         if "can't find file to patch" in line or "No such file" in line:
@@ -67,7 +84,10 @@ def apply_series(series: Series, tree: Path) -> str:
     if stamp.is_file():
         recorded = json.loads(stamp.read_text()).get("series_digest")
         if recorded == digest:
-            print(f"{series.upstream}: {tree} is already patched with this series ({digest[:12]}); nothing to do")
+            print(
+                f"{series.upstream}: {tree} is already patched with this series "
+                f"({digest[:12]}); nothing to do"
+            )
             return "already"
         raise PipelineError(
             f"{tree} was patched with another {series.upstream} series ({str(recorded)[:12]}); "
@@ -100,12 +120,19 @@ def apply_series(series: Series, tree: Path) -> str:
     for rel in series.files:
         _install(series.files_root / rel, tree / rel)
         print(f"{series.upstream}: added {rel.as_posix()}")
-    _write_atomic(stamp, json.dumps({
-        "upstream": series.upstream,
-        "series_digest": digest,
-        "patches": [patch.name for patch in series.patches],
-        "files": [rel.as_posix() for rel in series.files],
-    }, indent=2) + "\n")
+    _write_atomic(
+        stamp,
+        json.dumps(
+            {
+                "upstream": series.upstream,
+                "series_digest": digest,
+                "patches": [patch.name for patch in series.patches],
+                "files": [rel.as_posix() for rel in series.files],
+            },
+            indent=2,
+        )
+        + "\n",
+    )
     return "applied"
 
 
@@ -134,7 +161,9 @@ def tree_digest(tree: Path) -> str:
         if rel.parts[0] == ".git" or "__pycache__" in rel.parts or path.suffix == ".pyc":
             continue
         if path.is_symlink():
-            digest.update(b"L" + rel.as_posix().encode() + b"\0" + os.readlink(path).encode() + b"\0")
+            digest.update(
+                b"L" + rel.as_posix().encode() + b"\0" + os.readlink(path).encode() + b"\0"
+            )
         elif path.is_file():
             mode = b"x" if os.access(path, os.X_OK) else b"-"
             digest.update(mode + rel.as_posix().encode() + b"\0")

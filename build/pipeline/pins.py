@@ -69,7 +69,9 @@ def load(path: Path = PINS_FILE) -> Pins:
     return Pins(
         path=path,
         files=files,
-        git=GitSource(git.get("url", ""), git.get("ref", ""), git.get("commit", "")) if git else None,
+        git=GitSource(git.get("url", ""), git.get("ref", ""), git.get("commit", ""))
+        if git
+        else None,
     )
 
 

@@ -32,7 +32,9 @@ class Series:
         for patch in self.patches:
             digest.update(b"patch\0" + patch.name.encode() + b"\0" + patch.read_bytes())
         for rel in self.files:
-            digest.update(b"file\0" + rel.as_posix().encode() + b"\0" + (self.files_root / rel).read_bytes())
+            digest.update(
+                b"file\0" + rel.as_posix().encode() + b"\0" + (self.files_root / rel).read_bytes()
+            )
         return digest.hexdigest()
 
 
@@ -53,11 +55,15 @@ def load(upstream: str, root: Path | None = None) -> Series:
             raise PipelineError(f"{series_file}:{number}: patch {name} is listed twice")
         patches.append(patch)
     files_root = root / "files"
-    files = sorted(
-        path.relative_to(files_root)
-        for path in files_root.rglob("*")
-        if path.is_file() and not _SKIP_PARTS & set(path.parts) and path.suffix != ".pyc"
-    ) if files_root.is_dir() else []
+    files = (
+        sorted(
+            path.relative_to(files_root)
+            for path in files_root.rglob("*")
+            if path.is_file() and not _SKIP_PARTS & set(path.parts) and path.suffix != ".pyc"
+        )
+        if files_root.is_dir()
+        else []
+    )
     return Series(upstream, root, patches, files)
 
 

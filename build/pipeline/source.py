@@ -127,7 +127,9 @@ def prepare(upstream: str, pins: Pins, dest: Path, vllm_source: str = "sdist") -
         pin = pins.file("vllm-sdist")
         tree = unpack_sdist(fetch.fetch_one(pin), dest)
         if sdist_version(tree) != pin.version:
-            raise PipelineError(f"{pin.filename}: PKG-INFO says {sdist_version(tree)}, pins say {pin.version}")
+            raise PipelineError(
+                f"{pin.filename}: PKG-INFO says {sdist_version(tree)}, pins say {pin.version}"
+            )
         return tree
     if upstream == "vllm-gguf-plugin":
         return unpack_wheel(fetch.fetch_one(pins.file("gguf-plugin-wheel")), dest)

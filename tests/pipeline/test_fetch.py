@@ -12,9 +12,11 @@ from .conftest import _LyingHandler, make_index, pin_for, write_pins
 PAYLOAD = b"pinned bytes " * 40_000  # ~520 KB, several chunks
 
 
-def _setup(tmp_path: Path, served: bytes, pinned: bytes) -> pins.Pins:
+def _setup(tmp_path: Path, served: bytes, pinned: bytes) -> tuple[pins.Pins, Path]:
     index = make_index(tmp_path / "idx", "demo-pkg", {"demo_pkg-1.0.tar.gz": served})
-    path = write_pins(tmp_path / "pins.toml", {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", pinned)})
+    path = write_pins(
+        tmp_path / "pins.toml", {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", pinned)}
+    )
     return pins.load(path), index
 
 
@@ -36,7 +38,10 @@ def test_fetch_over_http_uses_pip_configuration(
 ) -> None:
     url, www = http_index
     make_index(www, "demo-pkg", {"demo_pkg-1.0.tar.gz": PAYLOAD})
-    path = write_pins(tmp_path / "pins.toml", {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)})
+    path = write_pins(
+        tmp_path / "pins.toml",
+        {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)},
+    )
     config = tmp_path / "pip.conf"
     config.write_text(f"[global]\nindex-url = {url}/simple\n")
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
@@ -58,24 +63,36 @@ def test_wrong_sha256_names_file_and_both_hashes_and_keeps_nothing(
 
 
 def test_truncated_download_is_an_error_and_keeps_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, http_index: tuple[str, Path], isolated_pip: Path
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    http_index: tuple[str, Path],
+    isolated_pip: Path,
 ) -> None:
     url, www = http_index
     make_index(www, "demo-pkg", {"demo_pkg-1.0.tar.gz": PAYLOAD})
     _LyingHandler.truncate = {"demo_pkg-1.0.tar.gz"}
-    path = write_pins(tmp_path / "pins.toml", {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)})
+    path = write_pins(
+        tmp_path / "pins.toml",
+        {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)},
+    )
     monkeypatch.setenv("PIP_INDEX_URL", f"{url}/simple")
-    with pytest.raises(PipelineError, match=r"demo_pkg-1.0.tar.gz: (truncated download|download from .* failed)"):
+    with pytest.raises(
+        PipelineError, match=r"demo_pkg-1.0.tar.gz: (truncated download|download from .* failed)"
+    ):
         fetch.fetch_all(pins.load(path))
     assert not any(isolated_pip.iterdir())
 
 
-def test_missing_file_lists_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_file_lists_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loaded, index = _setup(tmp_path, PAYLOAD, PAYLOAD)
     empty = tmp_path / "empty" / "simple"
     empty.mkdir(parents=True)
     monkeypatch.setenv("PIP_INDEX_URL", empty.as_uri())
-    with pytest.raises(PipelineError, match="demo_pkg-1.0.tar.gz .* not found through pip's configuration"):
+    with pytest.raises(
+        PipelineError, match="demo_pkg-1.0.tar.gz .* not found through pip's configuration"
+    ):
         fetch.fetch_all(loaded)
 
 
@@ -96,7 +113,10 @@ def test_find_links_folder_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     links = tmp_path / "links"
     links.mkdir()
     (links / "demo_pkg-1.0.tar.gz").write_bytes(PAYLOAD)
-    path = write_pins(tmp_path / "pins.toml", {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)})
+    path = write_pins(
+        tmp_path / "pins.toml",
+        {"demo": pin_for("demo", "demo-pkg", "demo_pkg-1.0.tar.gz", PAYLOAD)},
+    )
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     assert fetch.fetch_all(pins.load(path))["demo"].read_bytes() == PAYLOAD

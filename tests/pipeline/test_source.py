@@ -17,14 +17,18 @@ GIT_ENV = ["-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "com
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *GIT_ENV, *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", *GIT_ENV, *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
 def sdist_repo(tmp_path_factory: pytest.TempPathFactory, real_file) -> tuple[Path, str, str]:  # noqa: ANN001
     """A git repository holding the pinned vLLM sdist, tagged v0.32.0, plus a
     PR-style branch one commit ahead."""
-    repo = source.unpack_sdist(real_file("vllm-sdist"), tmp_path_factory.mktemp("upstream") / "vllm")
+    repo = source.unpack_sdist(
+        real_file("vllm-sdist"), tmp_path_factory.mktemp("upstream") / "vllm"
+    )
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "vLLM 0.32.0 from the sdist")
@@ -53,7 +57,9 @@ def test_sdist_tree_has_pinned_version(tmp_path: Path, real_file, real_pins) -> 
 
 def test_git_tag_checks_out_the_pinned_commit(tmp_path: Path, sdist_repo) -> None:  # noqa: ANN001
     repo, tagged, _ = sdist_repo
-    tree = source.clone_git(_git_pins(tmp_path, repo, "refs/tags/v0.32.0", tagged), tmp_path / "tree")
+    tree = source.clone_git(
+        _git_pins(tmp_path, repo, "refs/tags/v0.32.0", tagged), tmp_path / "tree"
+    )
     assert _git(tree, "rev-parse", "HEAD") == tagged
     assert source.source_version(tree) == "0.32.0"
 
@@ -67,7 +73,9 @@ def test_git_pull_ref_checks_out_the_pinned_commit(tmp_path: Path, sdist_repo) -
 
 def test_git_ref_at_another_commit_is_refused(tmp_path: Path, sdist_repo) -> None:  # noqa: ANN001
     repo, tagged, pr = sdist_repo
-    with pytest.raises(PipelineError, match=f"refs/pull/1/head is at commit {pr}, but .* pins {tagged}"):
+    with pytest.raises(
+        PipelineError, match=f"refs/pull/1/head is at commit {pr}, but .* pins {tagged}"
+    ):
         source.clone_git(_git_pins(tmp_path, repo, "refs/pull/1/head", tagged), tmp_path / "tree")
     assert not (tmp_path / "tree").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tree")], "staging left behind"

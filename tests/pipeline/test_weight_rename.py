@@ -27,7 +27,10 @@ TENSORS = {
     "blk.3.indexer.proj.weight": ("model.layers.3.self_attn.indexer.weights_proj.weight", Q8_0),
     "blk.3.attn_q_a.weight": ("model.layers.3.self_attn.q_a_proj.weight", Q4_0),
     "blk.3.weightless.weight": ("model.layers.3.weightless_gate.weight", Q8_0),
-    "blk.3.attn_norm.weight": ("model.layers.3.input_layernorm.weight", gguf.GGMLQuantizationType.F32),
+    "blk.3.attn_norm.weight": (
+        "model.layers.3.input_layernorm.weight",
+        gguf.GGMLQuantizationType.F32,
+    ),
 }
 EXPECTED = [
     ("model.layers.3.self_attn.indexer.weights_proj.qweight_type", "type"),
@@ -89,7 +92,8 @@ def test_patched_iterator_yields_exact_names(gguf_file) -> None:  # noqa: ANN001
     restored = gguf.quants.dequantize(raw, Q8_0)
     np.testing.assert_allclose(restored, originals["blk.3.indexer.proj.weight"], atol=0.05)
     np.testing.assert_array_equal(
-        by_name["model.layers.3.input_layernorm.weight"].numpy(), originals["blk.3.attn_norm.weight"]
+        by_name["model.layers.3.input_layernorm.weight"].numpy(),
+        originals["blk.3.attn_norm.weight"],
     )
 
 

@@ -16,8 +16,11 @@ def test_precompiled_wheel_of_another_version_is_refused(tmp_path: Path) -> None
     other.write_bytes(b"not used")
     tree = tmp_path / "tree"
     tree.mkdir()
-    with pytest.raises(PipelineError, match=r"source version 0.32.0 differs from the precompiled wheel "
-                                            r"vllm-0.31.0-.*\(0.31.0\)"):
+    with pytest.raises(
+        PipelineError,
+        match=r"source version 0.32.0 differs from the precompiled wheel "
+        r"vllm-0.31.0-.*\(0.31.0\)",
+    ):
         wheels.build_vllm(tree, "0.32.0", other, tmp_path / "out")
     assert not (tmp_path / "out").exists(), "nothing may be built or created"
 
