@@ -11,7 +11,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
-        test-kernels bench-kernels smoke clean
+        test-kernels bench-peers bench-kernels smoke clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -43,11 +43,14 @@ lint: venv ## ruff over everything we own
 test: venv lint ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest
 
-test-kernels: ## kernel tests: on a GPU machine, or the CPU subset with TRITON_INTERPRET=1
-	$(KERNEL_PY) -m pytest -p no:cacheprovider tests/kernels
+test-kernels: ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider tests/kernels
 
-bench-kernels: ## kernel benchmark table (GPU machine)
-	$(KERNEL_PY) tests/kernels/bench_sparse_mla.py
+bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (needs the package index)
+	$(PYTHON) tests/kernels/bench_sparse_mla.py prepare
+
+bench-kernels: ## kernel benchmark table against the floor and the peers (GPU machine)
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) tests/kernels/bench_sparse_mla.py run
 
 smoke: patch-check ## main job (for now): patch every upstream and summarise
 	@$(PIPELINE) summary

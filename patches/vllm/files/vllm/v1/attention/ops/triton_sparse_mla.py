@@ -1,0 +1,486 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton sparse-MLA attention (DSA: GLM-5, DeepSeek-V3.2) for decode and prefill.
+
+Each query token attends to its own top-k KV slots of the MLA latent cache
+(576 = 512 latent + 64 rope per slot; the first 512 are also V). All heads of
+a token share those rows, so one program gathers a tile of KV rows once and
+feeds it to the tensor cores for a block of heads (heads are the M dimension).
+The top-k range is split across programs (split-K) when T * H alone cannot
+fill the GPU; a second small kernel merges the splits through their lse.
+
+This module imports only torch and triton so it runs without vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+D_LATENT = 512  # V width and the no-rope part of K
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+# SM120 (RTX PRO 6000 Blackwell) and SM8x allow 99 KiB of shared memory a block.
+SMALL_SMEM_BYTES = 101376
+
+
+@dataclass(frozen=True)
+class SparseMLAConfig:
+    """Launch shape of the split kernel."""
+
+    block_h: int  # heads per program (tl.dot M; 16 is the smallest MMA M)
+    block_n: int  # gathered KV rows per loop step
+    num_warps: int
+    num_stages: int
+    per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
+    idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
+
+    def launch_options(self) -> dict[str, int]:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def smem_estimate(self, kv_bytes: int = 2) -> int:
+        """Upper estimate of shared memory, calibrated on compiled SM90/SM120 builds.
+
+        The slot load takes one pipeline stage, so num_stages - 1 KV tiles are
+        buffered; q and p go through shared memory on the way to the MMA.
+        """
+        kv_tile = self.block_n * D_QK * kv_bytes
+        if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
+            kv_tile += self.block_n * D_QK * 2
+        q_tile = self.block_h * D_QK * 2
+        p_tile = self.block_h * self.block_n * 2
+        return max(1, self.num_stages - 1) * kv_tile + q_tile + p_tile + 4096
+
+
+# Preferred configs first; a config is used only if its estimate fits the device.
+# "big" targets 227 KiB parts (H100/H200/B200), "small" 99 KiB parts (SM120, SM8x).
+_CONFIGS_BIG: dict[str, SparseMLAConfig] = {
+    # One token's 8-16 heads alone (batch 1): 16-row tiles give split-K 128 programs.
+    "h16_n16": SparseMLAConfig(16, 16, 4, 4, per_sm=2),
+    # 93 KiB and 254 registers: two programs per SM, each with two tiles in flight.
+    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=2),
+    "h16_n64": SparseMLAConfig(16, 64, 8, 2, per_sm=2),
+    # Many heads: one gathered tile feeds 64 heads (221 KiB, one program per SM).
+    "h64_n64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
+}
+# SM120's SM has about 100 KiB, so each of these runs one program per SM.
+_CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
+    "h16_n16": SparseMLAConfig(16, 16, 4, 4, per_sm=1),
+    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=1),
+    "h32_n32": SparseMLAConfig(32, 32, 8, 2, per_sm=1, idx_ahead=False),
+    "h16_n16_fp8": SparseMLAConfig(16, 16, 4, 3, per_sm=1, idx_ahead=False),
+}
+_FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
+
+
+@triton.jit
+def _sparse_mla_split_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    o_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    qk_scale,  # sm_scale * log2(e) * kv_scale: softmax runs in base 2
+    v_scale,
+    H,
+    TOPK,
+    SPLIT_LEN,
+    NUM_SPLITS,
+    NUM_HBLK,
+    PAGE,
+    stride_qt,
+    stride_qh,
+    stride_kvb,
+    stride_kvs,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DV: tl.constexpr,
+    DR: tl.constexpr,
+    DIRECT: tl.constexpr,
+    IDX_AHEAD: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    # Head blocks of one (token, split) are adjacent program ids, so they run
+    # together and all but the first read the gathered rows from L2.
+    pid = tl.program_id(0)
+    hb = pid % NUM_HBLK
+    rest = pid // NUM_HBLK
+    sp = rest % NUM_SPLITS
+    t = (rest // NUM_SPLITS).to(tl.int64)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    offs_c = tl.arange(0, DV)
+    offs_r = tl.arange(0, DR)
+    q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
+    q_c = tl.load(q_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+    q_pe = tl.load(q_rows + DV + offs_r[None, :], mask=mask_h[:, None], other=0.0)
+    if DOT_F32:  # the CPU interpreter computes bf16 tl.dot wrongly (triton 3.9)
+        q_c = q_c.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
+
+    start = sp * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, TOPK)
+    idx_row = idx_ptr + t * stride_it
+    # IDX_AHEAD: the slots of tile i+1 are read during tile i, so the gather
+    # address does not hang off a load in its own iteration; only then does
+    # Triton's pipeliner double-buffer the gathered tiles (num_stages >= 3).
+    # It costs registers, which the 64-head tiles cannot spare.
+    if IDX_AHEAD:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+    else:
+        slot_next = tl.full([BLOCK_N], -1, dtype=tl.int32)
+    for n0 in range(start, end, BLOCK_N):
+        if IDX_AHEAD:
+            slot = slot_next
+            offs_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        else:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            slot = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        valid = slot >= 0
+        slot = tl.where(valid, slot, 0).to(tl.int64)
+        blk = slot // PAGE
+        rows = kv_ptr + blk * stride_kvb + (slot - blk * PAGE) * stride_kvs
+        # Skipped slots are not read at all (prefill rows are mostly -1 early on).
+        kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
+        kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
+        kv = kv.to(q_c.dtype)
+        qk = tl.dot(q_c, tl.trans(kv))
+        qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
+        qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        # A row with nothing valid yet keeps m = -inf; subtract 0 instead so
+        # exp2 sees -inf - 0 = -inf (weight 0) and never -inf - -inf = NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(qk - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(kv.dtype), kv, acc)
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc * (v_scale / tl.where(has, l_i, 1.0))[:, None]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if DIRECT:
+        o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
+        tl.store(
+            lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=mask_h
+        )
+    else:
+        # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
+        row = (t * H + offs_h) * NUM_SPLITS + sp
+        tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], out, mask=mask_h[:, None])
+        tl.store(plse_ptr + row, lse2, mask=mask_h)
+
+
+@triton.jit
+def _sparse_mla_merge_kernel(
+    po_ptr,
+    plse_ptr,
+    o_ptr,
+    lse_ptr,
+    H,
+    NUM_SPLITS,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DV: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)  # t * H + h
+    pd = tl.program_id(1)
+    t = pid // H
+    h = pid % H
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    lse = tl.load(plse_ptr + pid * NUM_SPLITS + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_use)
+    denom = tl.sum(w, 0)
+    # All splits load at once: a loop over splits would serialize their latency.
+    offs_d = pd * BLOCK_D + tl.arange(0, BLOCK_D)
+    po = tl.load(
+        po_ptr + (pid * NUM_SPLITS + offs_s[:, None]) * DV + offs_d[None, :],
+        mask=mask_s[:, None],
+        other=0.0,
+    )
+    out = tl.sum(po * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(o_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
+    if pd == 0:
+        lse2 = m + tl.log2(tl.where(denom > 0.0, denom, 1.0))
+        total = tl.where(denom > 0.0, lse2 * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh, total)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    num_sms: int
+    smem_bytes: int
+
+
+@functools.lru_cache(maxsize=16)
+def _device_info(device: torch.device) -> DeviceInfo:
+    if device.type != "cuda":
+        # TRITON_INTERPRET=1 on CPU: behave like a small SM120 part.
+        return DeviceInfo(num_sms=8, smem_bytes=SMALL_SMEM_BYTES)
+    props = torch.cuda.get_device_properties(device)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or SMALL_SMEM_BYTES
+    return DeviceInfo(num_sms=props.multi_processor_count, smem_bytes=int(smem))
+
+
+def candidate_configs(
+    num_tokens: int, num_heads: int, info: DeviceInfo, kv_bytes: int = 2
+) -> list[SparseMLAConfig]:
+    """Configs for a problem on a device, best first, all estimated to fit.
+
+    Chosen from H200 sweeps (docs/sparse-mla-kernel-notes.md): a lone token
+    takes 16-row tiles so split-K reaches 128 programs; 64-head blocks win
+    from 16 tokens up because one gathered tile then feeds all heads; the
+    rest takes double-buffered 32-row tiles. 99 KiB parts (SM120) get the
+    same shapes cut to fit, untimed there.
+    """
+    alone = num_tokens * triton.cdiv(num_heads, 16) == 1
+    if info.smem_bytes >= 2 * SMALL_SMEM_BYTES:
+        table = _CONFIGS_BIG
+        if alone:
+            order = ["h16_n16", "h16_n32"]
+        elif num_heads >= 64 and num_tokens >= 16:
+            order = ["h64_n64", "h16_n32"]
+        elif num_heads >= 64:
+            order = ["h16_n64", "h16_n32"]
+        else:
+            order = ["h16_n32", "h16_n64"]
+    else:
+        table = _CONFIGS_SMALL
+        if kv_bytes == 1:  # widening fp8 needs registers: wider tiles spill on SM120
+            order = ["h16_n16_fp8"]
+        elif alone:
+            order = ["h16_n16", "h16_n32"]
+        elif num_heads >= 32 and num_tokens >= 16:
+            order = ["h32_n32", "h16_n32"]
+        else:
+            order = ["h16_n32", "h16_n16"]
+    cfgs = [table[n] for n in order if table[n].smem_estimate(kv_bytes) <= info.smem_bytes]
+    return list(dict.fromkeys([*cfgs, _FALLBACK]))
+
+
+def pick_config(
+    num_tokens: int, num_heads: int, info: DeviceInfo, kv_bytes: int = 2
+) -> SparseMLAConfig:
+    return candidate_configs(num_tokens, num_heads, info, kv_bytes)[0]
+
+
+def pick_num_splits(
+    num_tokens: int, num_hblk: int, topk: int, block_n: int, num_sms: int, per_sm: int = 2
+) -> int:
+    """Split top-k so that the grid is about one full wave of `per_sm` programs per SM.
+
+    Rounding down matters: 1.5 waves cost as much as 2, and every split adds
+    partial-output traffic and the merge.
+    """
+    base = num_tokens * num_hblk
+    splits = max(1, min((per_sm * num_sms) // base, triton.cdiv(topk, block_n)))
+    split_len = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
+    return triton.cdiv(topk, split_len)
+
+
+def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
+    """fp32 elements of the split-K workspace: partial outputs then partial lse."""
+    if num_splits <= 1:
+        return 0
+    return num_tokens * num_heads * num_splits * (D_LATENT + 1)
+
+
+def max_workspace_numel(
+    num_tokens: int, num_heads: int, topk: int, device: torch.device, kv_bytes: int = 2
+) -> int:
+    """Workspace (fp32 elements) that covers any config sparse_mla_fwd may pick here;
+    allocate it once before CUDA-graph capture."""
+    info = _device_info(device)
+    sizes = [0]
+    for cfg in candidate_configs(num_tokens, num_heads, info, kv_bytes):
+        nh = triton.cdiv(num_heads, cfg.block_h)
+        splits = pick_num_splits(num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
+        sizes.append(workspace_numel(num_tokens, num_heads, splits))
+    return max(sizes)
+
+
+def sparse_mla_fwd(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    *,
+    kv_scale: float = 1.0,
+    workspace: torch.Tensor | None = None,
+    config: SparseMLAConfig | None = None,
+    num_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention over per-token top-k global KV slots.
+
+    q: [T, H, 576] bf16/fp16. kv_cache: [num_blocks, block_size, 576] or
+    [num_blocks, block_size, 1, 576], q's dtype, or float8_e4m3fn with a
+    per-tensor ``kv_scale``. indices: [T, topk] int32 global slots
+    (block * block_size + offset), -1 = skip. Returns o [T, H, 512] in q's
+    dtype and lse [T, H] float32 (natural log; -inf where nothing was valid).
+    No host syncs and no data-dependent shapes, so it is CUDA-graph safe;
+    pass ``workspace`` (>= workspace_numel fp32) to avoid allocation.
+    """
+    if kv_cache.dim() == 4:
+        kv_cache = kv_cache.squeeze(2)
+    num_tokens, num_heads, d_qk = q.shape
+    topk = indices.shape[-1]
+    if d_qk != D_QK or kv_cache.shape[-1] != D_QK:
+        raise ValueError(f"expected head dim {D_QK}, got q {d_qk} and kv {kv_cache.shape[-1]}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q must be bf16 or fp16, got {q.dtype}")
+    kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if kv_cache.dtype != q.dtype and not kv_fp8:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} does not match q {q.dtype}")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"indices must be int32, got {indices.dtype}")
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or indices.stride(-1) != 1:
+        raise ValueError("last dims of q, kv_cache and indices must be contiguous")
+    indices = indices.reshape(num_tokens, topk)
+    if out is None:
+        out = q.new_empty(num_tokens, num_heads, D_LATENT)
+    if lse is None:
+        lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
+    if num_tokens == 0:
+        return out, lse
+
+    info = _device_info(q.device)
+    if config is not None:
+        cfgs = [config]
+    else:
+        cfgs = candidate_configs(num_tokens, num_heads, info, kv_cache.element_size())
+        cfgs = [c for c in cfgs if (q.device, kv_cache.dtype, c) not in _UNFIT] or [_FALLBACK]
+    for i, cfg in enumerate(cfgs):
+        try:
+            _launch(
+                q, kv_cache, indices, out, lse, sm_scale, kv_scale, workspace, cfg, num_splits, info
+            )
+            return out, lse
+        except OutOfResources:
+            # The compiled kernel asks for more shared memory than this device
+            # has; Triton refuses before launching, so nothing was written.
+            if config is not None or i == len(cfgs) - 1:
+                raise
+            _UNFIT.add((q.device, kv_cache.dtype, cfg))
+    raise AssertionError("unreachable")
+
+
+_UNFIT: set[tuple[torch.device, torch.dtype, SparseMLAConfig]] = set()
+
+
+def _launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    sm_scale: float,
+    kv_scale: float,
+    workspace: torch.Tensor | None,
+    cfg: SparseMLAConfig,
+    num_splits: int | None,
+    info: DeviceInfo,
+) -> None:
+    num_tokens, num_heads, _ = q.shape
+    topk = indices.shape[1]
+    num_hblk = triton.cdiv(num_heads, cfg.block_h)
+    if num_splits is None:
+        num_splits = pick_num_splits(
+            num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm
+        )
+    split_len = triton.cdiv(triton.cdiv(topk, num_splits), cfg.block_n) * cfg.block_n
+    num_splits = triton.cdiv(topk, split_len)
+    direct = num_splits == 1
+
+    if direct:
+        po = plse = lse  # unused placeholders
+    else:
+        need = workspace_numel(num_tokens, num_heads, num_splits)
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.float32, device=q.device)
+        elif workspace.numel() < need or workspace.dtype != torch.float32:
+            raise ValueError(f"workspace needs {need} float32 elements")
+        n_po = num_tokens * num_heads * num_splits * D_LATENT
+        po = workspace[:n_po]
+        plse = workspace[n_po:need]
+
+    qk_scale = sm_scale * math.log2(math.e) * kv_scale
+    grid = (num_tokens * num_splits * num_hblk,)
+    _sparse_mla_split_kernel[grid](
+        q, kv_cache, indices, out, lse, po, plse,
+        qk_scale, kv_scale,
+        num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
+        q.stride(0), q.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1),
+        indices.stride(0),
+        out.stride(0), out.stride(1),
+        lse.stride(0), lse.stride(1),
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
+        IDX_AHEAD=cfg.idx_ahead,
+        DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
+        **cfg.launch_options(),
+    )  # fmt: skip
+    if not direct:
+        block_s = triton.next_power_of_2(num_splits)
+        block_d = min(D_LATENT, max(32, 8192 // block_s))
+        _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
+            po, plse, out, lse,
+            num_heads, num_splits,
+            out.stride(0), out.stride(1),
+            lse.stride(0), lse.stride(1),
+            BLOCK_S=block_s, BLOCK_D=block_d, DV=D_LATENT,
+            num_warps=4,
+        )  # fmt: skip
+
+
+def reference_sparse_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    kv_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 gather-and-softmax reference: o [T, H, 512] fp64, lse [T, H] fp64."""
+    if kv_cache.dim() == 4:
+        kv_cache = kv_cache.squeeze(2)
+    flat = kv_cache.reshape(-1, D_QK).to(torch.float64) * kv_scale
+    valid = indices >= 0
+    rows = flat[indices.clamp(min=0).long()]  # [T, topk, 576]
+    qf = q.to(torch.float64)
+    scores = torch.einsum("thd,tkd->thk", qf, rows) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    o = torch.einsum("thk,tkd->thd", probs, rows[..., :D_LATENT])
+    return o, lse

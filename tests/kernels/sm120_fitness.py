@@ -1,0 +1,186 @@
+"""Compile the sparse-MLA kernels for SM120 without an SM120 and read their resources.
+
+Run as a script to print a table (config, registers, shared, stack, local);
+tests/kernels/test_sm120_fitness.py asserts on the same numbers. Works on a
+CPU-only machine with triton 3.9 and on the GPU machine with triton 3.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import triton
+from kernel_loader import load_kernel_module
+from triton.backends.compiler import GPUTarget
+
+SM120 = GPUTarget("cuda", 120, 32)
+SM120_SMEM_LIMIT = 101376  # 99 KiB, the opt-in maximum a block gets on SM120
+
+# Arguments compiled as pointers, and the ones Triton would specialise as
+# multiples of 16 for real tensors (aligned bases, 576-element rows).
+_POINTERS = {"q_ptr", "kv_ptr", "idx_ptr", "o_ptr", "lse_ptr", "po_ptr", "plse_ptr"}
+_FLOATS = {"qk_scale", "v_scale"}
+_DIV16 = _POINTERS | {
+    "stride_qt",
+    "stride_qh",
+    "stride_kvb",
+    "stride_kvs",
+    "stride_ot",
+    "stride_oh",
+}
+
+
+@dataclass(frozen=True)
+class Resources:
+    name: str
+    shared: int
+    registers: int
+    stack: int
+    local: int
+
+
+def _ptr_type(name: str, dtype: str, kv_dtype: str) -> str:
+    return {
+        "q_ptr": f"*{dtype}",
+        "kv_ptr": f"*{kv_dtype}",
+        "idx_ptr": "*i32",
+        "o_ptr": f"*{dtype}",
+    }.get(name, "*fp32")
+
+
+def _signature(
+    fn: triton.JITFunction, constexprs: dict[str, object], dtype: str, kv_dtype: str
+) -> tuple[dict, dict]:
+    sig: dict[str, str] = {}
+    attrs: dict[tuple[int, ...], list] = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in _POINTERS:
+            sig[name] = _ptr_type(name, dtype, kv_dtype)
+        elif name in _FLOATS:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+        if name in _DIV16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def cuobjdump_path() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def _res_usage(cubin: bytes) -> dict[str, int]:
+    """REG/STACK/SHARED/LOCAL of the one kernel in a cubin, via `cuobjdump -res-usage`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run(
+            [str(cuobjdump_path()), "-res-usage", str(path)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
+    if "REG" not in fields:
+        raise RuntimeError(f"cuobjdump gave no resource line:\n{text}")
+    return {k: int(v) for k, v in fields.items()}
+
+
+def compile_resources(
+    fn: triton.JITFunction,
+    constexprs: dict[str, object],
+    name: str,
+    options: dict[str, int],
+    kv_dtype: str = "bf16",
+    target: GPUTarget = SM120,
+) -> Resources:
+    """Compile one specialisation (q in bf16) for `target` and read its resources."""
+    sig, attrs = _signature(fn, constexprs, "bf16", kv_dtype)
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=target, options=options)
+    use = _res_usage(k.asm["cubin"])
+    # metadata.shared is what the launch asks for; cuobjdump's SHARED is the static part.
+    shared = max(int(k.metadata.shared), use.get("SHARED", 0))
+    return Resources(name, shared, use["REG"], use.get("STACK", 0), use.get("LOCAL", 0))
+
+
+Variant = tuple[str, bool, dict[str, object], dict[str, int], str]
+
+
+def sm120_variants(mod: ModuleType) -> list[Variant]:
+    """Every kernel build that sparse_mla_fwd can launch on a 99 KiB part:
+    (name, is_merge, constexprs, compile options, kv dtype)."""
+    out: list[Variant] = []
+    small = mod.DeviceInfo(num_sms=188, smem_bytes=SM120_SMEM_LIMIT)
+    for kv_bytes, kv_dtype in ((2, "bf16"), (1, "fp8e4nv")):
+        cfgs = {
+            c
+            for t in (1, 16, 128)
+            for h in (1, 8, 16, 32, 64, 128)
+            for c in mod.candidate_configs(t, h, small, kv_bytes)
+        }
+        # per_sm only steers split-K; builds differ by the other fields.
+        builds = {dataclasses.replace(c, per_sm=0): None for c in sorted(cfgs, key=repr)}
+        for cfg in builds:
+            for direct in (True, False):
+                ce = {
+                    "BLOCK_H": cfg.block_h,
+                    "BLOCK_N": cfg.block_n,
+                    "DV": mod.D_LATENT,
+                    "DR": mod.D_ROPE,
+                    "DIRECT": direct,
+                    "IDX_AHEAD": cfg.idx_ahead,
+                    "DOT_F32": False,
+                }
+                shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                shape += " ahead" if cfg.idx_ahead else ""
+                mode = "direct" if direct else "partial"
+                name = f"split {shape} {kv_dtype} {mode}"
+                out.append((name, False, ce, cfg.launch_options(), kv_dtype))
+    for block_s in (2, 4, 8, 16, 32, 64, 128, 256):
+        block_d = min(mod.D_LATENT, max(32, 8192 // block_s))
+        ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT}
+        out.append((f"merge s{block_s} d{block_d}", True, ce, {"num_warps": 4}, "bf16"))
+    return out
+
+
+def sm120_table(mod: ModuleType) -> list[Resources]:
+    rows = []
+    for name, is_merge, ce, options, kv_dtype in sm120_variants(mod):
+        fn = mod._sparse_mla_merge_kernel if is_merge else mod._sparse_mla_split_kernel
+        rows.append(compile_resources(fn, ce, name, options, kv_dtype))
+    return rows
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # The interpreter swaps in its own tl semantics, which cannot compile.
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode
+    rows = sm120_table(load_kernel_module())
+    if "--json" in sys.argv:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]))
+        return 0
+    print(f"{'SM120 build':44s} {'REG':>4s} {'SHARED':>7s} {'STACK':>5s} {'LOCAL':>5s}")
+    bad = 0
+    for r in rows:
+        flag = ""
+        if r.shared > SM120_SMEM_LIMIT or r.local or r.stack:
+            flag, bad = "  <-- does not fit", bad + 1
+        print(f"{r.name:44s} {r.registers:4d} {r.shared:7d} {r.stack:5d} {r.local:5d}{flag}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Correctness of the Triton sparse-MLA kernel against a float64 reference.
+
+The same tests run on a GPU and, at small shapes, on the CPU through
+TRITON_INTERPRET=1; shapes marked `gpu` are too slow for the interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from kernel_loader import load_kernel_module
+
+mod = load_kernel_module()
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+D = mod.D_QK
+DV = mod.D_LATENT
+
+
+def make_inputs(
+    t: int,
+    h: int,
+    topk: int,
+    dtype: torch.dtype = torch.bfloat16,
+    num_blocks: int = 64,
+    block_size: int = 64,
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # A fresh seed per call unless one is asked for: every check sees new data.
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    q = torch.randn(t, h, D, generator=gen).to(dtype)
+    kv = torch.randn(num_blocks, block_size, D, generator=gen).to(dtype)
+    slots = num_blocks * block_size
+    idx = torch.stack([torch.randperm(slots, generator=gen)[:topk] for _ in range(t)])
+    return q.to(DEVICE), kv.to(DEVICE), idx.to(torch.int32).to(DEVICE)
+
+
+def run_checked(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    idx: torch.Tensor,
+    scale: float,
+    tol: float = 1e-2,
+    **kw: object,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run on poisoned outputs and compare with the reference."""
+    t, h, _ = q.shape
+    out = torch.full((t, h, DV), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((t, h), float("nan"), dtype=torch.float32, device=q.device)
+    o, l_ = mod.sparse_mla_fwd(q, kv, idx, scale, out=out, lse=lse, **kw)
+    assert o.data_ptr() == out.data_ptr() and l_.data_ptr() == lse.data_ptr()
+    assert not torch.isnan(out).any(), "NaN in output (unwritten or bad math)"
+    assert not torch.isnan(lse).any(), "NaN in lse"
+    ref_o, ref_l = mod.reference_sparse_mla(
+        q.cpu(), kv.cpu(), idx.cpu(), scale, kw.get("kv_scale", 1.0)
+    )
+    got_o = out.cpu().double()
+    got_l = lse.cpu().double()
+    denom = ref_o.norm().clamp_min(1e-30)
+    rel = ((got_o - ref_o).norm() / denom).item()
+    assert rel <= tol, f"relative error {rel:.2e} > {tol:.0e}"
+    fin = torch.isfinite(ref_l)
+    assert torch.equal(fin, torch.isfinite(got_l)), "lse -inf pattern differs"
+    assert torch.equal(got_l[~fin], ref_l[~fin])
+    if fin.any():
+        err = (got_l[fin] - ref_l[fin]).abs().max().item()
+        assert err <= 1e-2, f"lse error {err:.2e}"
+    return out, lse
+
+
+# The CPU tier (interpreter) gets the small shapes; the GPU tier gets them all.
+SMALL = [(1, 1, 64), (3, 8, 64), (1, 16, 128), (2, 3, 128)]
+BIG = [
+    (t, h, k)
+    for t in (1, 3, 64)
+    for h in (1, 8, 16, 64, 128)
+    for k in (64, 2048, 4096)
+    if (t, h, k) not in SMALL and t * h * k <= 64 * 128 * 2048
+]
+
+
+@pytest.mark.parametrize("t,h,topk", SMALL + [pytest.param(*s, marks=pytest.mark.gpu) for s in BIG])
+def test_matches_reference(t: int, h: int, topk: int) -> None:
+    q, kv, idx = make_inputs(t, h, topk, num_blocks=max(8, 2 * topk // 64))
+    run_checked(q, kv, idx, 1.0 / math.sqrt(D))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_paths_and_dtypes(num_splits: int, dtype: torch.dtype) -> None:
+    # Forced split counts cover the direct store and the merge kernel.
+    q, kv, idx = make_inputs(2, 4, 128, dtype=dtype, num_blocks=8)
+    run_checked(
+        q, kv, idx, 0.06, tol=1e-2 if dtype == torch.bfloat16 else 3e-3, num_splits=num_splits
+    )
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_skipped_slots(num_splits: int) -> None:
+    t, h, topk = 4, 8, 128
+    q, kv, idx = make_inputs(t, h, topk, num_blocks=8)
+    idx[0] = -1  # nothing to attend to: zeros and lse -inf
+    idx[1, 3::2] = -1  # some holes
+    idx[2, 1:] = -1  # a single valid slot
+    idx[3, : topk // 2] = -1  # a whole split empty
+    out, lse = run_checked(q, kv, idx, 0.05, num_splits=num_splits)
+    assert torch.all(out[0] == 0)
+    assert torch.all(torch.isneginf(lse[0]))
+    assert torch.isfinite(lse[1:]).all()
+
+
+def test_repeated_indices() -> None:
+    q, kv, idx = make_inputs(2, 8, 64, num_blocks=4)
+    idx[:, 32:] = idx[:, :32]  # each slot twice: counted twice, like the reference
+    idx[1, :] = idx[1, 5]
+    run_checked(q, kv, idx, 0.05)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_layouts(block_size: int) -> None:
+    # [blocks, block_size, 1, 576] views and a cache whose blocks are padded
+    # (stride(0) > block_size * 576), as when the cache is a slice of a buffer.
+    t, h, topk = 2, 8, 64
+    q, _, idx = make_inputs(t, h, topk, num_blocks=1, block_size=64)
+    num_blocks = 256 // block_size
+    big = torch.randn(num_blocks, block_size + 1, 1, D).to(torch.bfloat16).to(DEVICE)
+    kv = big[:, :block_size]
+    idx = torch.randint(0, num_blocks * block_size, (t, topk), dtype=torch.int32, device=DEVICE)
+    run_checked(q, kv, idx, 0.05)
+
+
+def test_workspace_and_rejects() -> None:
+    q, kv, idx = make_inputs(1, 8, 128, num_blocks=8)
+    ws = torch.empty(mod.workspace_numel(1, 8, 2), dtype=torch.float32, device=DEVICE)
+    run_checked(q, kv, idx, 0.05, num_splits=2, workspace=ws)
+    # The launch-time choice must fit the advertised worst-case workspace.
+    ws_max = torch.empty(mod.max_workspace_numel(1, 8, 128, q.device), device=DEVICE)
+    run_checked(q, kv, idx, 0.05, workspace=ws_max)
+    with pytest.raises(ValueError, match="workspace"):
+        mod.sparse_mla_fwd(q, kv, idx, 0.05, num_splits=2, workspace=ws[:10])
+    with pytest.raises(ValueError, match="dtype"):
+        mod.sparse_mla_fwd(q, kv.half(), idx, 0.05)
+    with pytest.raises(ValueError, match="int32"):
+        mod.sparse_mla_fwd(q, kv, idx.long(), 0.05)
+
+
+@pytest.mark.parametrize("smem", [101376, 232448])
+@pytest.mark.parametrize("t,h", [(1, 1), (1, 8), (16, 64), (128, 128)])
+def test_config_choice_fits_and_fills(smem: int, t: int, h: int) -> None:
+    info = mod.DeviceInfo(num_sms=132, smem_bytes=smem)
+    for kv_bytes in (1, 2):
+        cfgs = mod.candidate_configs(t, h, info, kv_bytes)
+        assert all(c.smem_estimate(kv_bytes) <= smem for c in cfgs)
+    cfg = mod.pick_config(t, h, info)
+    nh = math.ceil(h / cfg.block_h)
+    s = mod.pick_num_splits(t, nh, 2048, cfg.block_n, info.num_sms, cfg.per_sm)
+    assert 1 <= s <= 2048 // cfg.block_n
+    # Enough programs to cover half the SMs whenever top-k can be cut that
+    # finely (rounding the wave down may leave up to half a wave idle).
+    assert t * nh * s >= min(info.num_sms // 2, t * nh * (2048 // cfg.block_n))
+
+
+@pytest.mark.gpu
+def test_fp8_kv() -> None:
+    q, kv, idx = make_inputs(3, 16, 2048, num_blocks=64)
+    scale = float(kv.float().abs().amax()) / 448.0
+    kv8 = (kv.float() / scale).to(torch.float8_e4m3fn)
+    out, _ = run_checked(q, kv8, idx, 1.0 / math.sqrt(D), tol=2e-2, kv_scale=scale)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay() -> None:
+    q, kv, idx = make_inputs(4, 8, 2048, num_blocks=64)
+    out = torch.empty(4, 8, DV, dtype=q.dtype, device=DEVICE)
+    lse = torch.empty(4, 8, dtype=torch.float32, device=DEVICE)
+    numel = mod.max_workspace_numel(4, 8, 2048, q.device)
+    ws = torch.empty(numel, dtype=torch.float32, device=DEVICE)
+    mod.sparse_mla_fwd(q, kv, idx, 0.05, out=out, lse=lse, workspace=ws)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.sparse_mla_fwd(q, kv, idx, 0.05, out=out, lse=lse, workspace=ws)
+    q2, kv2, idx2 = make_inputs(4, 8, 2048, num_blocks=64)
+    q.copy_(q2)
+    kv.copy_(kv2)
+    idx.copy_(idx2)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_o, _ = mod.reference_sparse_mla(q, kv, idx, 0.05)
+    rel = ((out.double() - ref_o).norm() / ref_o.norm()).item()
+    assert rel <= 1e-2
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        mod.SparseMLAConfig(16, 16, 4, 4),
+        mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=False),
+        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_forced_configs(cfg: object, num_splits: int) -> None:
+    # Every loop variant, with head blocks that overhang H and a ragged last split.
+    q, kv, idx = make_inputs(2, 20, 192, num_blocks=8)
+    idx[1, 64:100] = -1
+    run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
