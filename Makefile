@@ -44,7 +44,8 @@ test: venv lint ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest
 
 test-kernels: ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
-	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider tests/kernels
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider tests/kernels \
+		tests/backend/test_backend_kernel_call.py
 
 bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (needs the package index)
 	$(PYTHON) tests/kernels/bench_sparse_mla.py prepare
