@@ -1,0 +1,139 @@
+"""The typer application: render, serve, probe, status, check-gguf, tiny-model, reserved.
+
+Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Annotated, NoReturn
+
+import typer
+
+from entrypoint import settings
+from entrypoint.errors import USAGE_EXIT, ConfigError
+
+app = typer.Typer(
+    name="frontier-serve",
+    help="Start vLLM from SERVE_* environment variables, and report its readiness.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+EnvFiles = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--env-file",
+        help="KEY=VALUE file (e.g. profiles/glm5.env) read first; the environment wins.",
+    ),
+]
+ReadyFile = Annotated[
+    str | None,
+    typer.Option("--ready-file", help=f"readiness file (default ${settings.READY_FILE})"),
+]
+
+
+def fail(error: ConfigError, code: int = USAGE_EXIT) -> NoReturn:
+    for problem in error.problems:
+        typer.echo(f"frontier-serve: error: {problem}", err=True)
+    raise typer.Exit(code)
+
+
+def _environment(env_files: list[str] | None) -> dict[str, str]:
+    from entrypoint.envfile import layered_environment
+
+    try:
+        return layered_environment(env_files or [])
+    except ConfigError as exc:
+        fail(exc)
+
+
+@app.command()
+def render(
+    env_file: EnvFiles = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON array")] = False,
+) -> None:
+    """Print the argv that `serve` would exec. Execs nothing."""
+    from entrypoint.render import render as render_env
+
+    try:
+        rendered = render_env(_environment(env_file))
+    except ConfigError as exc:
+        fail(exc)
+    typer.echo(json.dumps(rendered.argv) if as_json else shlex.join(rendered.argv))
+
+
+@app.command()
+def serve(env_file: EnvFiles = None) -> None:
+    """Validate, start the readiness watcher, then exec vLLM in this process."""
+    from entrypoint.serve import exec_vllm, prepare
+
+    env = _environment(env_file)
+    try:
+        rendered, config, gguf_code = prepare(env)
+    except ConfigError as exc:
+        fail(exc)
+    if gguf_code != 0:
+        typer.echo(f"frontier-serve: error: GGUF preflight failed (exit {gguf_code})", err=True)
+        raise typer.Exit(gguf_code)
+    raise typer.Exit(exec_vllm(rendered, config))
+
+
+@app.command()
+def probe(
+    ready_file: ReadyFile = None,
+    max_age: Annotated[
+        float | None, typer.Option("--max-age", help="heartbeat age limit in seconds")
+    ] = None,
+) -> None:
+    """Exit 0 only if vLLM is ready: fresh readiness file, live pid. Prints the phase."""
+    from entrypoint.probe import probe as run_probe
+
+    code, line = run_probe(ready_file or settings.ready_file_from(), max_age)
+    typer.echo(line)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(ready_file: ReadyFile = None) -> None:
+    """Print the watcher's status JSON."""
+    from entrypoint.probe import status_text
+
+    code, text = status_text(ready_file or settings.ready_file_from())
+    typer.echo(text)
+    raise typer.Exit(code)
+
+
+@app.command("check-gguf")
+def check_gguf(
+    path: Annotated[str, typer.Argument(help="the .gguf file")],
+    hf_config: Annotated[str, typer.Option("--hf-config", help="HF config folder or file")],
+) -> None:
+    """Check a GGUF file against its Hugging Face config before serving it."""
+    from entrypoint.gguf_hook import run_gguf_check
+
+    try:
+        code = run_gguf_check(path, hf_config)
+    except ConfigError as exc:
+        fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command("tiny-model")
+def tiny_model(
+    directory: Annotated[str, typer.Argument(help="folder to write the model into")],
+    seed: Annotated[int, typer.Option(help="random seed for the weights")] = 0,
+) -> None:
+    """Write a tiny random Qwen3 model (deterministic, offline) for smoke tests."""
+    from entrypoint.tiny_model import build_tiny_model
+
+    typer.echo(build_tiny_model(directory, seed=seed))
+
+
+@app.command()
+def reserved() -> None:
+    """List the SERVE_* names the entrypoint keeps for itself (never passed to vLLM)."""
+    for name, meaning in settings.RESERVED.items():
+        typer.echo(f"{name:24} {meaning}")

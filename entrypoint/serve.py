@@ -1,0 +1,135 @@
+"""`serve`: render, validate, start the readiness watcher, then exec vLLM in place.
+
+vLLM replaces this process (same pid, PID 1 in a container), so it receives
+SIGTERM/SIGINT directly and its exit code is the container's. The watcher is a
+fresh interpreter started just before the exec; it becomes vLLM's child and ends
+when vLLM ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+
+from entrypoint import settings
+from entrypoint.errors import ConfigError
+from entrypoint.preflight import check_port_free, check_writable, gguf_preflight
+from entrypoint.render import Rendered, render
+from entrypoint.statusfile import remove_quietly
+from entrypoint.watcher import Tracker, WatchConfig
+
+
+def health_url(namespace: argparse.Namespace) -> str:
+    """Where the watcher reaches vLLM: loopback when it listens on every interface."""
+    host = namespace.host or "127.0.0.1"
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{namespace.port}"
+
+
+def model_hints(model: str | None) -> list[str]:
+    """Warnings that do not stop the start (vLLM decides what a model name means)."""
+    if model and model.startswith(("/", "./", "../", "~")):
+        path = os.path.expanduser(model)
+        if not os.path.exists(path):
+            return [f"model path {model} does not exist"]
+    return []
+
+
+def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
+    try:
+        watch = settings.watch_settings(env)
+    except settings.SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    if getattr(rendered.namespace, "uds", None):
+        raise ConfigError(
+            f"SERVE_UDS: the watcher checks health over TCP; set {settings.WATCHER}=false "
+            "to serve on a unix socket"
+        )
+    return WatchConfig(
+        pid=os.getpid(),  # vLLM keeps this pid after the exec
+        base_url=health_url(rendered.namespace),
+        ready_file=watch.ready_file,
+        status_file=watch.status_file,
+        argv_digest=rendered.digest,
+        interval=watch.interval,
+        timeout=watch.timeout,
+        failures=watch.failures,
+        stale_after=watch.stale_after,
+        hints=model_hints(rendered.namespace.model),
+    )
+
+
+def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
+    """Everything before the exec that can fail: (rendered, watcher config, gguf exit code)."""
+    rendered = render(env)
+    problems: list[str] = []
+    config: WatchConfig | None = None
+
+    def collect(check: Callable[..., None], *args: object) -> None:
+        try:
+            check(*args)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+
+    try:
+        watcher_on = settings.flag(env, settings.WATCHER, default=True)
+        port_check_on = settings.flag(env, settings.CHECK_PORT, default=True)
+    except settings.SettingError as exc:
+        raise ConfigError(str(exc)) from None
+    if watcher_on:
+        try:
+            config = watch_config(env, rendered)
+            collect(check_writable, config.ready_file, settings.READY_FILE)
+            collect(check_writable, config.status_file, settings.STATUS_FILE)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if port_check_on and not getattr(rendered.namespace, "uds", None):
+        collect(check_port_free, rendered.namespace.host, rendered.namespace.port)
+    if problems:
+        raise ConfigError(problems)
+    return rendered, config, gguf_preflight(env, rendered.namespace)
+
+
+def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
+    # A stale ready file from an earlier run must not make this one look ready.
+    remove_quietly(config.ready_file)
+    Tracker(config, extra={"watcher_pid": None}).write()
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint.watcher", config.to_json()],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # keep terminal Ctrl-C for vLLM alone
+        close_fds=True,
+    )
+
+
+def exec_vllm(rendered: Rendered, config: WatchConfig | None) -> int:
+    """Exec vLLM; returns only if the exec itself failed."""
+    watcher = start_watcher(config) if config is not None else None
+    for hint in config.hints if config is not None else model_hints(rendered.namespace.model):
+        print(f"frontier-serve: warning: {hint}", file=sys.stderr)
+    print(
+        f"frontier-serve: exec {shlex.join(rendered.argv)}  [{rendered.digest}]",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    try:
+        os.execvp(rendered.argv[0], rendered.argv)
+    except OSError as exc:
+        if watcher is not None and config is not None:
+            watcher.terminate()
+            watcher.wait()
+            why = f"exec of {rendered.argv[0]!r} failed: {exc.strerror or exc}"
+            Tracker(config, extra={"watcher_pid": None}).finish(127, why)
+        print(f"frontier-serve: error: cannot exec {rendered.argv[0]!r}: {exc}", file=sys.stderr)
+        return 127
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,129 @@
+"""Names the entrypoint reserves for itself, with their defaults.
+
+Every name here is read by the entrypoint and never passed to vLLM. All carry the
+`SERVE_` prefix; we never define `VLLM_*` names (vLLM owns that namespace and
+Kubernetes injects `VLLM_PORT` for a Service called `vllm`). A unit test checks
+that none of these collides with a real vLLM option.
+
+This module is imported by `probe`, so it must stay stdlib-only and cheap.
+"""
+
+from __future__ import annotations
+
+import os
+
+# `typing` alone costs probe ~5 ms, so type-only imports hide behind a plain flag.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+PREFIX = "SERVE_"
+
+# Reserved names and what they mean (shown by `frontier-serve render --help`).
+EXTRA_ARGS = "SERVE_EXTRA_ARGS"  # JSON array of extra argv elements, appended verbatim
+EXEC = "SERVE_EXEC"  # JSON array: the program to exec (default: python -m api_server)
+READY_FILE = "SERVE_READY_FILE"  # readiness file written while vLLM is healthy
+STATUS_FILE = "SERVE_STATUS_FILE"  # status JSON (default: status.json beside the ready file)
+PREFLIGHT_GGUF = "SERVE_PREFLIGHT_GGUF"  # run the GGUF check before exec (default: model is .gguf)
+HEALTH_INTERVAL = "SERVE_HEALTH_INTERVAL"  # seconds between health checks
+HEALTH_TIMEOUT = "SERVE_HEALTH_TIMEOUT"  # seconds per HTTP request
+HEALTH_FAILURES = "SERVE_HEALTH_FAILURES"  # failed checks in a row before "unhealthy"
+STALE_AFTER = "SERVE_STALE_AFTER"  # probe fails when the heartbeat is older than this
+WATCHER = "SERVE_WATCHER"  # start the readiness watcher (default true)
+CHECK_PORT = "SERVE_CHECK_PORT"  # refuse to start when the port is taken (default true)
+
+RESERVED: dict[str, str] = {
+    EXTRA_ARGS: "JSON array of extra vLLM argv elements, appended after the mapped options",
+    EXEC: "JSON array naming the program to exec; vLLM options follow it",
+    READY_FILE: "readiness file, present only while vLLM answers /health and /v1/models",
+    STATUS_FILE: "status JSON written beside the readiness file",
+    PREFLIGHT_GGUF: "run the GGUF preflight check before exec (default: true for .gguf models)",
+    HEALTH_INTERVAL: "seconds between health checks (default 2)",
+    HEALTH_TIMEOUT: "seconds allowed per health request (default 2)",
+    HEALTH_FAILURES: "failed checks in a row that make a ready server unhealthy (default 3)",
+    STALE_AFTER: "heartbeat age in seconds after which `probe` fails (default 15)",
+    WATCHER: "start the readiness watcher (default true)",
+    CHECK_PORT: "refuse to start when the HTTP port is already taken (default true)",
+}
+
+DEFAULT_READY_FILE = "/run/serve/ready"
+DEFAULT_EXEC_MODULE = "vllm.entrypoints.openai.api_server"
+
+TRUE_WORDS = frozenset({"true", "1"})
+FALSE_WORDS = frozenset({"false", "0"})
+
+
+class SettingError(ValueError):
+    """A reserved variable has a value we cannot use."""
+
+
+def parse_bool(name: str, value: str) -> bool:
+    """Strict boolean: only true/false/1/0 (any case), so typos never pass silently."""
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise SettingError(f"{name}={value!r}: expected a boolean (true, false, 1 or 0)")
+
+
+def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a number") from None
+    if value < minimum:
+        raise SettingError(f"{name}={raw!r}: must be at least {minimum:g}")
+    return value
+
+
+def status_path_for(ready_file: str, env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    explicit = env.get(STATUS_FILE, "").strip()
+    return explicit or os.path.join(os.path.dirname(ready_file) or ".", "status.json")
+
+
+class WatchSettings:
+    """Watcher timing and file locations (a plain class: dataclasses cost probe ~15 ms)."""
+
+    def __init__(
+        self,
+        ready_file: str,
+        status_file: str,
+        interval: float,
+        timeout: float,
+        failures: int,
+        stale_after: float,
+    ) -> None:
+        self.ready_file = ready_file
+        self.status_file = status_file
+        self.interval = interval
+        self.timeout = timeout
+        self.failures = failures
+        self.stale_after = stale_after
+
+
+def ready_file_from(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get(READY_FILE, "").strip() or DEFAULT_READY_FILE
+
+
+def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
+    env = os.environ if env is None else env
+    ready = ready_file_from(env)
+    return WatchSettings(
+        ready_file=ready,
+        status_file=status_path_for(ready, env),
+        interval=_number(env, HEALTH_INTERVAL, 2.0, 0.1),
+        timeout=_number(env, HEALTH_TIMEOUT, 2.0, 0.1),
+        failures=int(_number(env, HEALTH_FAILURES, 3, 1)),
+        stale_after=_number(env, STALE_AFTER, 15.0, 1.0),
+    )
+
+
+def flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip()
+    return default if not raw else parse_bool(name, raw)

@@ -1,0 +1,245 @@
+"""Readiness watcher: a small stdlib-only process that outlives the exec into vLLM.
+
+`serve` starts it (`python -m entrypoint.watcher CONFIG_JSON`) just before it execs
+vLLM, so vLLM keeps the entrypoint's pid and is the watcher's parent. The watcher
+polls /health and /v1/models, keeps the readiness file and status JSON current,
+and ends as soon as vLLM ends (pidfd, or polling the pid where pidfds are missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from entrypoint.statusfile import (
+    describe_wait_status,
+    pid_alive,
+    remove_quietly,
+    write_json_atomic,
+    write_ready,
+    zombie_exit_status,
+)
+
+STARTING, READY, UNHEALTHY, EXITED = "starting", "ready", "unhealthy", "exited"
+
+
+@dataclass
+class WatchConfig:
+    pid: int
+    base_url: str
+    ready_file: str
+    status_file: str
+    argv_digest: str
+    interval: float = 2.0
+    timeout: float = 2.0
+    failures: int = 3
+    stale_after: float = 15.0
+    # Known trouble found before the exec (e.g. a missing model folder), quoted in the
+    # status if vLLM dies before it is ready: vLLM's own message is only in its log.
+    hints: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, text: str) -> WatchConfig:
+        return cls(**json.loads(text))
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+
+@dataclass
+class Tracker:
+    """The phase machine. Pure apart from the two files it writes; tests drive it directly."""
+
+    config: WatchConfig
+    clock: Callable[[], float] = time.time
+    phase: str = STARTING
+    since: float = 0.0
+    failures_in_row: int = 0
+    ever_ready: bool = False
+    last_error: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.since = self.clock()
+
+    def _enter(self, phase: str, reason: str | None) -> None:
+        if phase != self.phase:
+            self.phase, self.since = phase, self.clock()
+        self.reason = reason
+
+    def record(self, error: str | None) -> None:
+        """Apply one health-check result (None means both endpoints answered)."""
+        if error is None:
+            self.failures_in_row = 0
+            self.ever_ready = True
+            self._enter(READY, None)
+        else:
+            self.last_error = error
+            self.failures_in_row += 1
+            # Failures while loading are expected (nothing listens yet); only a server
+            # that was ready can become unhealthy.
+            if self.phase == READY and self.failures_in_row >= self.config.failures:
+                self._enter(
+                    UNHEALTHY, f"{self.failures_in_row} failed health checks in a row: {error}"
+                )
+        self.write()
+
+    def exited(self, wait_status: int | None) -> None:
+        code, words = describe_wait_status(wait_status)
+        when = "after it was ready" if self.ever_ready else "before it became ready"
+        reason = f"vLLM {words} {when}"
+        if self.config.hints and not self.ever_ready:
+            reason += f" ({'; '.join(self.config.hints)})"
+        self.finish(code, reason)
+
+    def finish(self, code: int | None, reason: str) -> None:
+        self.exit_code = code
+        self._enter(EXITED, reason)
+        self.write()
+
+    def stopped(self, why: str) -> None:
+        """The watcher itself is going away: readiness can no longer be vouched for."""
+        self._enter(UNHEALTHY, why)
+        self.write()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "since": self.since,
+            "heartbeat": self.clock(),
+            "pid": self.config.pid,
+            "watcher_pid": os.getpid(),
+            "argv_digest": self.config.argv_digest,
+            "url": self.config.base_url,
+            "ready_file": self.config.ready_file,
+            "ever_ready": self.ever_ready,
+            "failures_in_row": self.failures_in_row,
+            "last_error": self.last_error,
+            "reason": self.reason,
+            "exit_code": self.exit_code,
+            "hints": self.config.hints,
+            **self.extra,
+        }
+
+    def write(self) -> None:
+        status = self.status()
+        if self.phase == READY:
+            ready = {k: status[k] for k in ("phase", "pid", "heartbeat", "argv_digest")}
+            write_ready(self.config.ready_file, {**ready, "stale_after": self.config.stale_after})
+        else:
+            remove_quietly(self.config.ready_file)
+        write_json_atomic(self.config.status_file, status)
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    # No proxies: the server is local, and HTTP(S)_PROXY in the environment must not
+    # route health checks elsewhere.
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def check_health(base_url: str, timeout: float, api_key: str | None) -> str | None:
+    """None when /health and /v1/models both answer 200, else a short error."""
+    opener = _opener()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    for path in ("/health", "/v1/models"):
+        request = urllib.request.Request(base_url + path, headers=headers)
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                body = response.read()
+                if path == "/v1/models" and not json.loads(body).get("data"):
+                    return "GET /v1/models: no model listed"
+        except urllib.error.HTTPError as exc:
+            return f"GET {path}: HTTP {exc.code}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            detail = getattr(exc, "reason", exc)
+            return f"GET {path}: {detail}"
+    return None
+
+
+def wait_for_exit(pid: int, poll: float = 0.1) -> None:
+    """Block until `pid` has exited (zombie or gone)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):
+        while pid_alive(pid):
+            time.sleep(poll)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+
+
+def run(config: WatchConfig, api_key: str | None = None) -> int:
+    tracker = Tracker(config)
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def on_exit() -> None:
+        wait_for_exit(config.pid)
+        with lock:
+            tracker.exited(zombie_exit_status(config.pid))
+            done.set()
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    threading.Thread(target=on_exit, name="exit-waiter", daemon=True).start()
+    try:
+        with lock:
+            tracker.write()
+        while not done.is_set():
+            error = check_health(config.base_url, config.timeout, api_key)
+            with lock:
+                if done.is_set():
+                    break
+                tracker.record(error)
+            done.wait(config.interval)
+    except SystemExit:
+        with lock:
+            if not done.is_set():
+                tracker.stopped("watcher stopped by SIGTERM; readiness unknown")
+        raise
+    return 0
+
+
+def api_key_from(env: dict[str, str]) -> str | None:
+    """The key vLLM was given (SERVE_API_KEY may list several as JSON), so /v1/models answers."""
+    raw = (env.get("SERVE_API_KEY") or env.get("VLLM_API_KEY") or "").strip()
+    if raw.startswith("["):
+        try:
+            keys = json.loads(raw)
+        except ValueError:
+            return raw
+        return str(keys[0]) if isinstance(keys, list) and keys else None
+    return raw or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m entrypoint.watcher CONFIG_JSON", file=sys.stderr)
+        return 2
+    # Terminal signals are for vLLM; the watcher ends when vLLM ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    return run(WatchConfig.from_json(args[0]), api_key_from(dict(os.environ)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

