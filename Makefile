@@ -11,7 +11,8 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
-        test-kernels bench-peers bench-kernels smoke clean
+        test-kernels bench-peers bench-kernels summary smoke image image-cpu \
+        lint-deploy e2e bench-build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -53,8 +54,26 @@ bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (needs the 
 bench-kernels: ## kernel benchmark table against the floor and the peers (GPU machine)
 	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) tests/kernels/bench_sparse_mla.py run
 
-smoke: patch-check ## main job (for now): patch every upstream and summarise
+summary: patch-check ## patch every upstream and print pins, series, digests and wheels
 	@$(PIPELINE) summary
+
+smoke: ## main command: CPU image + compose `smoke` (tiny model): readiness, a completion, how to stop
+	build/docker/smoke.sh
+
+image: ## build the CUDA image frontier-serve:cuda (GPU host; pulls the CUDA base)
+	build/docker/build-image.sh runtime
+
+image-cpu: ## build the CPU image frontier-serve:cpu
+	build/docker/build-image.sh runtime-cpu
+
+lint-deploy: ## hadolint, compose config + schema, kubernetes-validate, shellcheck
+	build/docker/lint-deploy.sh
+
+e2e: ## real container test on CPU (installs/starts a Docker engine if needed)
+	build/docker/e2e.sh
+
+bench-build: ## cold build, one-patch rebuild, image size, compose up -> healthy
+	build/docker/bench-build.sh
 
 clean: ## remove generated trees, wheels and the venv (the download cache stays)
 	rm -rf .work $(VENV)

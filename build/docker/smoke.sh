@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The README's main command (make smoke): build the CPU image, start the
+# `smoke` service (embedded tiny model, 127.0.0.1 only), print its readiness
+# status and an example completion, and say how to stop it.
+# Where no Docker engine can be reached or started, run the same entrypoint,
+# tiny model and readiness file directly from the CPU test tier (.venv).
+#   SMOKE_PORT   port on 127.0.0.1 (default 8000)
+#   SMOKE_LOCAL=1  skip Docker and use the CPU test tier
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO"
+# shellcheck source=build/docker/engine.sh
+source build/docker/engine.sh
+port=${SMOKE_PORT:-8000}
+url=http://127.0.0.1:$port
+
+complete() {
+    curl -sS --fail --max-time 60 "$url/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}' |
+        python3 -c 'import json, sys; r = json.load(sys.stdin); print("completion:", repr(r["choices"][0]["text"]))'
+}
+
+with_docker() {
+    local base=${DEBIAN_BASE:-}
+    ensure_compose
+    if [[ -z $base ]]; then
+        # Use the public slim image when the engine can pull it, else make one.
+        if "$DOCKER" image inspect debian:bookworm-slim >/dev/null 2>&1 ||
+           "$DOCKER" pull -q debian:bookworm-slim >/dev/null 2>&1; then
+            base=debian:bookworm-slim
+        else
+            base=frontier-debian:bookworm
+            DOCKER=$DOCKER build/docker/base-image.sh "$base"
+        fi
+    fi
+    DEBIAN_BASE=$base build/docker/build-image.sh runtime-cpu
+    log "starting the smoke service on $url (waits until probe passes)"
+    if ! SMOKE_PORT=$port "$DOCKER" compose --profile smoke up -d --wait --wait-timeout 600 smoke; then
+        SMOKE_PORT=$port "$DOCKER" compose --profile smoke logs --tail=100 smoke
+        exit 1
+    fi
+    local id
+    id=$(SMOKE_PORT=$port "$DOCKER" compose --profile smoke ps -q smoke)
+    echo "--- readiness (probe, then status):"
+    "$DOCKER" exec "$id" python -m entrypoint probe
+    "$DOCKER" exec "$id" python -m entrypoint status
+    echo "--- example completion:"
+    complete
+    echo "--- the smoke stack is running in Docker (container $id)."
+    echo "Stop it with:  docker compose --profile smoke down"
+}
+
+with_venv() {
+    log "no Docker engine could be reached or started: running the same entrypoint,"
+    log "tiny model and readiness file directly from the CPU test tier (.venv)"
+    make --no-print-directory venv >/dev/null
+    local dir=$REPO/.work/smoke
+    mkdir -p "$dir"
+    [[ -f $dir/model/config.json ]] || .venv/bin/python -m entrypoint tiny-model "$dir/model" >/dev/null
+    export SERVE_MODEL=$dir/model SERVE_SERVED_MODEL_NAME=tiny SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
+        SERVE_MAX_MODEL_LEN=512 SERVE_MAX_NUM_SEQS=4 SERVE_ENFORCE_EAGER=true SERVE_READY_FILE=$dir/run/ready \
+        VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1
+    nohup .venv/bin/python -m entrypoint serve >"$dir/serve.log" 2>&1 &
+    local pid=$! waited=0
+    echo "$pid" >"$dir/serve.pid"
+    until .venv/bin/python -m entrypoint probe >/dev/null 2>&1; do
+        kill -0 "$pid" 2>/dev/null || { tail -50 "$dir/serve.log"; exit 1; }
+        waited=$((waited + 2))
+        [[ $waited -lt 600 ]] || { log "not ready after 600 s"; tail -50 "$dir/serve.log"; exit 1; }
+        sleep 2
+    done
+    echo "--- readiness (probe, then status):"
+    .venv/bin/python -m entrypoint probe
+    .venv/bin/python -m entrypoint status
+    echo "--- example completion:"
+    complete
+    echo "--- the smoke stack runs WITHOUT Docker (from .venv), pid $pid, log $dir/serve.log."
+    echo "Stop it with:  kill $pid"
+}
+
+if [[ ${SMOKE_LOCAL:-0} != 1 ]] && ensure_engine; then
+    with_docker
+else
+    with_venv
+fi

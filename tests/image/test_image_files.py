@@ -1,0 +1,158 @@
+"""Static checks of the Dockerfile, compose file and Kubernetes manifests.
+
+They need no Docker engine; `make e2e` runs the real thing."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline import image, pins
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+yaml = pytest.importorskip("yaml")
+
+
+def _stages() -> dict[str, str]:
+    """stage name -> its text (from its FROM line to the next FROM)."""
+    parts = re.split(r"(?m)^(?=FROM )", DOCKERFILE)
+    stages = {}
+    for part in parts[1:]:
+        name = re.match(r"FROM \S+ AS (\S+)", part)
+        assert name, part.splitlines()[0]
+        stages[name.group(1)] = part
+    return stages
+
+
+def test_no_pinned_file_or_hash_outside_the_pins_file() -> None:
+    loaded = pins.load()
+    texts = {
+        path: path.read_text()
+        for path in [REPO / "Dockerfile", REPO / "docker-compose.yml",
+                     *sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))]
+    }
+    for pin in loaded.files.values():
+        for path, text in texts.items():
+            assert pin.filename not in text, f"{path.name} names {pin.filename}"
+            assert pin.sha256 not in text, f"{path.name} repeats the sha256 of {pin.filename}"
+
+
+def test_every_base_is_a_build_arg_or_a_stage() -> None:
+    stages = _stages()
+    for name, text in stages.items():
+        base = text.split()[1]
+        assert base.startswith("${") or base in stages, f"{name}: FROM {base}"
+
+
+def test_table_of_contents_lists_every_stage() -> None:
+    toc = DOCKERFILE.split("# Table of contents", 1)[1].split("\n\n", 1)[0]
+    for name in _stages():
+        assert re.search(rf"(?m)^#\s+{re.escape(name)}\s", toc), f"{name} missing from the TOC"
+
+
+def test_runtime_is_the_default_target_and_both_runtimes_match() -> None:
+    stages = _stages()
+    assert list(stages)[-1] == "runtime"
+    for name in ("runtime", "runtime-cpu"):
+        text = stages[name]
+        assert 'HEALTHCHECK' in text and '"entrypoint", "probe"' in text, name
+        assert 'ENTRYPOINT ["frontier-serve", "serve"]' in text, name
+        assert re.search(r"(?m)^USER 10001:10001$", text), name
+        assert "install-runtime.sh" in text, name
+        for label in ("vllm.source", "base-wheel.sha256", "series.vllm", "series.vllm-gguf-plugin",
+                      "tree.vllm", "tree.vllm-gguf-plugin"):
+            assert f"io.frontier-serve.{label}=" in text, (name, label)
+    assert "tiny-model" in stages["runtime-cpu"]
+
+
+def test_torch_layer_does_not_depend_on_patches_or_the_entrypoint() -> None:
+    for name in ("cpu-deps", "cuda-deps"):
+        text = _stages()[name]
+        assert "patches" not in text and "entrypoint" not in text and "build/pipeline" not in text
+
+
+def test_ca_bundle_is_only_a_secret_mount() -> None:
+    assert "ca-certificates.crt" not in DOCKERFILE.replace("# ", "", 1).split("\n# Table", 1)[1]
+    for line in DOCKERFILE.splitlines():
+        if "/run/secrets/ca" in line:
+            assert "type=secret,id=ca" in line
+
+
+def _compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+@pytest.mark.parametrize(("service", "gpus"), [("glm5", 8), ("qwen36-dflash", 2)])
+def test_gpu_services(service: str, gpus: int) -> None:
+    svc = _compose()["services"][service]
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": gpus, "capabilities": ["gpu"]}]
+    assert svc["ipc"] == "host"
+    assert set(svc["ulimits"]) >= {"memlock", "stack"}
+    assert svc["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
+    assert svc["env_file"] == [f"profiles/{service}.env"]
+    health = svc["healthcheck"]
+    assert health["test"] == ["CMD", "python", "-m", "entrypoint", "probe"]
+    assert health["start_interval"] and health["start_period"]
+    named = [v for v in svc["volumes"] if isinstance(v, str)]
+    assert any(v.startswith("hf-cache:") for v in named)
+    assert any(v.startswith("vllm-cache:") for v in named)
+
+
+def test_glm5_model_is_a_read_only_bind_with_a_configurable_path() -> None:
+    (gguf,) = [v for v in _compose()["services"]["glm5"]["volumes"] if isinstance(v, dict)]
+    assert gguf["type"] == "bind" and gguf["read_only"] is True
+    assert gguf["source"].startswith("${GLM5_GGUF_DIR:-")
+
+
+def test_smoke_is_cpu_loopback_and_profiled() -> None:
+    smoke = _compose()["services"]["smoke"]
+    assert smoke["profiles"] == ["smoke"]
+    assert smoke["network_mode"] == "host"
+    assert smoke["environment"]["SERVE_HOST"] == "127.0.0.1"
+    assert smoke["image"].endswith("frontier-serve:cpu}")
+
+
+def _deployment() -> dict:
+    docs = yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "glm5.yaml").read_text())
+    return next(doc for doc in docs if doc["kind"] == "Deployment")
+
+
+def test_kubernetes_glm5() -> None:
+    pod = _deployment()["spec"]["template"]["spec"]
+    assert pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    probe = ["python", "-m", "entrypoint", "probe"]
+    assert container["startupProbe"]["exec"]["command"] == probe
+    assert container["readinessProbe"]["exec"]["command"] == probe
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert "persistentVolumeClaim" in volumes["gguf"]
+    hf = next(e for e in container["env"] if e["name"] == "HF_TOKEN")
+    assert "secretKeyRef" in hf["valueFrom"]
+    assert not any(e["name"].startswith("VLLM_") for e in container["env"])
+
+
+def test_unpack_package_takes_only_that_package(tmp_path: Path) -> None:
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("demo/__init__.py", "x = 1\n")
+        archive.writestr("demo/sub/mod.py", "y = 2\n")
+        archive.writestr("demo-1.0.dist-info/RECORD", "")
+        archive.writestr("other/__init__.py", "")
+    tree = image.unpack_package(wheel, "demo", tmp_path / "tree")
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+    assert files == ["demo/__init__.py", "demo/sub/mod.py"]
+
+
+def test_project_dependencies_come_from_pyproject() -> None:
+    assert any(dep.startswith("typer") for dep in image.project_dependencies())
