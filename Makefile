@@ -11,7 +11,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
-        test-kernels bench-peers bench-kernels summary smoke image image-cpu \
+        test-kernels bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu \
         lint-deploy e2e bench-build clean
 
 help: ## list the targets
@@ -59,6 +59,12 @@ summary: patch-check ## patch every upstream and print pins, series, digests and
 
 smoke: ## main command: CPU image + compose `smoke` (tiny model): readiness, a completion, how to stop
 	build/docker/smoke.sh
+
+smoke-gguf: venv ## GGUF smoke on CPU: Gemma 3 270M Q4_K_M through serve, readiness, probe, a completion
+	$(VPY) tests/gguf_cpu/smoke_gguf.py
+
+bench-gguf-cpu: venv ## GGUF-on-CPU baseline: load time, peak RSS, tokens/s (Gemma 3 270M Q4_K_M)
+	$(VPY) tests/gguf_cpu/bench_gguf_cpu.py
 
 image: ## build the CUDA image frontier-serve:cuda (GPU host; pulls the CUDA base)
 	build/docker/build-image.sh runtime

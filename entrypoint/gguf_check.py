@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from entrypoint.gguf_hook import GGUF_NO_LAYOUT
+
 _PLUGIN = "vllm_gguf_plugin"
 _MODULES = {"headers": "gguf_headers.py", "layout": "weights_adapter/mla_layout.py"}
 
@@ -65,6 +67,12 @@ def _histogram(tensors: list[Any]) -> list[str]:
     return rows
 
 
+# Exit codes: 0 loads, 1 gaps found, 2 inputs unreadable, NO_LAYOUT: this
+# architecture has no tensor layout here (the serve preflight then skips itself
+# unless SERVE_PREFLIGHT_GGUF asked for it explicitly).
+NO_LAYOUT = GGUF_NO_LAYOUT
+
+
 def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
     start = time.perf_counter()
     headers_mod, layout_mod = _plugin_module("headers"), _plugin_module("layout")
@@ -78,7 +86,7 @@ def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
             f"check-gguf: model_type {cfg.get('model_type')!r} is not supported; "
             f"known: {sorted(layout_mod.MODEL_TYPE_ARCHES)}"
         )
-        return 2
+        return NO_LAYOUT
     try:
         headers = headers_mod.read_set(path)
     except headers_mod.GGUFHeaderError as exc:

@@ -27,6 +27,10 @@ def resolve_hf_config(value: str) -> str:
     return cached if isinstance(cached, str) else value
 
 
+# The check's exit code for an architecture it has no tensor layout for.
+GGUF_NO_LAYOUT = 3
+
+
 def run_gguf_check(path: str, hf_config: str) -> int:
     """Exit code of `entrypoint.gguf_check.main(path, hf_config)`."""
     try:

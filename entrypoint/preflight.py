@@ -7,12 +7,13 @@ import contextlib
 import errno
 import os
 import socket
+import sys
 import tempfile
 from collections.abc import Mapping
 
 from entrypoint import settings
 from entrypoint.errors import ConfigError
-from entrypoint.gguf_hook import resolve_hf_config, run_gguf_check
+from entrypoint.gguf_hook import GGUF_NO_LAYOUT, resolve_hf_config, run_gguf_check
 
 
 def check_writable(path: str, name: str) -> None:
@@ -70,4 +71,14 @@ def gguf_preflight(env: Mapping[str, str], namespace: argparse.Namespace) -> int
     if not wants_gguf_check(env, model):
         return 0
     hf_config = namespace.hf_config_path or os.path.dirname(os.path.abspath(model))
-    return run_gguf_check(model, resolve_hf_config(hf_config))
+    code = run_gguf_check(model, resolve_hf_config(hf_config))
+    if code == GGUF_NO_LAYOUT and not env.get(settings.PREFLIGHT_GGUF):
+        # On by default for every .gguf, but only GLM-5/DeepSeek layouts are
+        # known: other architectures (e.g. Gemma) load without the preflight.
+        print(
+            "frontier-serve: GGUF preflight skipped (no tensor layout for this model type); "
+            f"set {settings.PREFLIGHT_GGUF}=true to require it",
+            file=sys.stderr,
+        )
+        return 0
+    return code

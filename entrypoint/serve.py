@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 
 from entrypoint import settings
 from entrypoint.errors import ConfigError
+from entrypoint.gguf_config import with_gguf_config
 from entrypoint.preflight import check_port_free, check_writable, gguf_preflight
 from entrypoint.render import Rendered, render
 from entrypoint.statusfile import remove_quietly
@@ -70,6 +71,7 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
 
 def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
     """Everything before the exec that can fail: (rendered, watcher config, gguf exit code)."""
+    env = with_gguf_config(env)  # bare .gguf: config + tokenizer from the file (gguf_config.py)
     rendered = render(env)
     problems: list[str] = []
     config: WatchConfig | None = None

@@ -201,7 +201,7 @@ def fake_gguf_check(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
     def main(path: str, hf_config: str) -> int:
         calls.append((path, hf_config))
-        return 3 if "bad" in path else 0
+        return 1 if "bad" in path else 0  # 1: the check found gaps
 
     module.main = main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", module)
@@ -210,7 +210,7 @@ def fake_gguf_check(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 def test_check_gguf_calls_the_check(fake_gguf_check: list[tuple[str, str]]) -> None:
     assert invoke({}, "check-gguf", "/m/ok.gguf", "--hf-config", "/cfg").exit_code == 0
-    assert invoke({}, "check-gguf", "/m/bad.gguf", "--hf-config", "/cfg").exit_code == 3
+    assert invoke({}, "check-gguf", "/m/bad.gguf", "--hf-config", "/cfg").exit_code == 1
     assert fake_gguf_check == [("/m/ok.gguf", "/cfg"), ("/m/bad.gguf", "/cfg")]
 
 
@@ -230,7 +230,7 @@ def test_serve_runs_gguf_check_first(
 ) -> None:
     env = {**base_env, "SERVE_MODEL": "/m/bad.gguf", "SERVE_HF_CONFIG_PATH": str(tmp_path)}
     result = invoke(env, "serve")
-    assert result.exit_code == 3 and "GGUF preflight failed (exit 3)" in result.output
+    assert result.exit_code == 1 and "GGUF preflight failed (exit 1)" in result.output
     assert fake_gguf_check == [("/m/bad.gguf", str(tmp_path))]
     assert recorder.exec_argv is None and recorder.popen_args is None
 
@@ -291,3 +291,19 @@ def test_env_file_errors(tmp_path: Path) -> None:
     assert result.exit_code == 2 and f"env file {bad}:1: expected KEY=VALUE" in result.output
     result = invoke({}, "render", "--env-file", str(tmp_path / "none.env"))
     assert result.exit_code == 2 and "No such file or directory" in result.output
+
+
+@pytest.mark.parametrize(("explicit", "expected"), [("", 0), ("true", 3)])
+def test_preflight_skips_unknown_architectures_unless_asked(
+    monkeypatch: pytest.MonkeyPatch, explicit: str, expected: int
+) -> None:
+    import argparse
+
+    from entrypoint import preflight
+
+    module = types.ModuleType("entrypoint.gguf_check")
+    module.main = lambda path, hf_config: 3  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", module)
+    env = {"SERVE_PREFLIGHT_GGUF": explicit} if explicit else {}
+    namespace = argparse.Namespace(model="/m/gemma.gguf", hf_config_path="/cfg")
+    assert preflight.gguf_preflight(env, namespace) == expected

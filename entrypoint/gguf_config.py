@@ -1,0 +1,238 @@
+"""Config and tokenizer from the GGUF file itself, when no HF config sits beside it.
+
+vLLM cannot parse the config of a bare `.gguf` path: it needs `--hf-config-path`
+and `--tokenizer`. transformers can build both from the GGUF metadata
+(`from_pretrained(folder, gguf_file=name)`), for the architectures it knows. We do
+that once per file into a cache folder and point vLLM at it.
+
+Rules (see `gguf_config_env`):
+- only for a local `.gguf` file with no `config.json` in its folder;
+- an explicit `SERVE_HF_CONFIG_PATH` always wins: nothing is extracted;
+- an explicit `SERVE_TOKENIZER` is kept; only the config is extracted then;
+- an architecture transformers cannot read fails before vLLM starts, naming it.
+
+The cache key is the file's real path, size and mtime plus the transformers
+version, so an edited file or a new transformers is extracted again. Hashing a
+multi-hundred-GB GGUF on every start would cost minutes; this costs a stat.
+Extraction of a 262k-token tokenizer takes minutes on a small CPU; the smoke image
+warms the cache at build time with `python -m entrypoint.gguf_config MODEL.gguf`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from entrypoint.errors import ConfigError
+
+MODEL = "SERVE_MODEL"
+HF_CONFIG_PATH = "SERVE_HF_CONFIG_PATH"
+TOKENIZER = "SERVE_TOKENIZER"
+DONE = ".frontier-gguf-config.json"  # written last: a folder without it is incomplete
+FORMAT = 2  # part of the cache key: bump when the extraction changes
+
+
+def cache_root() -> Path:
+    base = os.environ.get("FRONTIER_CACHE") or Path.home() / ".cache" / "frontier-serve"
+    return Path(base) / "gguf-config"
+
+
+def needs_extraction(env: Mapping[str, str]) -> Path | None:
+    """The GGUF file to read config from, or None when vLLM already has what it needs."""
+    model = env.get(MODEL, "").strip()
+    if not model.lower().endswith(".gguf") or env.get(HF_CONFIG_PATH, "").strip():
+        return None
+    path = Path(model).expanduser()
+    if not path.is_file() or (path.parent / "config.json").is_file():
+        return None
+    return path.resolve()
+
+
+_STRING, _ARRAY = 8, 9
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}  # fmt: skip
+
+
+def gguf_header_fields(path: Path, wanted: set[str]) -> dict[str, object]:
+    """Scalar and string metadata of a GGUF header, for the keys in `wanted`.
+
+    A small reader of our own: gguf-py's GGUFReader parses every field, which for
+    a 262k-token vocabulary takes a minute of pure Python; we skip what we don't want.
+    """
+
+    def skip(handle, kind: int) -> None:  # type: ignore[no-untyped-def]
+        if kind == _STRING:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            handle.seek(length, 1)
+        elif kind == _ARRAY:
+            item, count = struct.unpack("<IQ", handle.read(12))
+            if item in _SCALARS:
+                handle.seek(struct.calcsize(_SCALARS[item]) * count, 1)
+            else:
+                for _ in range(count):
+                    skip(handle, item)
+        else:
+            handle.seek(struct.calcsize(_SCALARS[kind]), 1)
+
+    found: dict[str, object] = {}
+    with path.open("rb") as handle:
+        magic, version, _tensors, n_kv = struct.unpack("<4sIQQ", handle.read(24))
+        if magic != b"GGUF" or version < 2:
+            raise ConfigError(f"{path}: not a GGUF v2+ file")
+        for _ in range(n_kv):
+            if len(found) == len(wanted):
+                break
+            (length,) = struct.unpack("<Q", handle.read(8))
+            key = handle.read(length).decode("utf-8", "replace")
+            (kind,) = struct.unpack("<I", handle.read(4))
+            if key in wanted and kind == _STRING:
+                (size,) = struct.unpack("<Q", handle.read(8))
+                found[key] = handle.read(size).decode("utf-8", "replace")
+            elif key in wanted and kind in _SCALARS:
+                fmt = _SCALARS[kind]
+                (found[key],) = struct.unpack(fmt, handle.read(struct.calcsize(fmt)))
+            else:
+                skip(handle, kind)
+    return found
+
+
+def gguf_architecture(path: Path) -> str:
+    arch = gguf_header_fields(path, {"general.architecture"}).get("general.architecture")
+    return str(arch) if arch is not None else "unknown"
+
+
+def mark_special_tokens(path: Path, folder: Path) -> None:
+    """Carry the GGUF's add_bos/add_eos flags into the saved tokenizer.
+
+    transformers' GGUF tokenizer conversion drops them, so a Gemma tokenizer would
+    encode text prompts without <bos>, on which the model degenerates. Reloading
+    the saved tokenizer with the flags rebuilds its post-processor; saving it
+    again persists that in tokenizer.json.
+    """
+    from transformers import AutoTokenizer
+
+    keys = {f"tokenizer.ggml.add_{t}_token": f"add_{t}_token" for t in ("bos", "eos")}
+    flags = {keys[k]: bool(v) for k, v in gguf_header_fields(path, set(keys)).items()}
+    if flags:
+        AutoTokenizer.from_pretrained(folder, **flags).save_pretrained(folder)
+
+
+def check_readable(path: Path) -> None:
+    """Fail fast, by name, for an architecture transformers has no GGUF mapping for."""
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = gguf_architecture(path)
+    # transformers also renames a few (e.g. qwen3moe -> qwen3_moe) before it checks
+    known = {a.replace("_", "").replace("-", "") for a in GGUF_SUPPORTED_ARCHITECTURES}
+    if arch.replace("_", "").replace("-", "") not in known:
+        raise ConfigError(
+            f"{path.name}: transformers {transformers.__version__} cannot read the config of "
+            f"GGUF architecture {arch!r}; put a config.json beside the file or set "
+            f"{HF_CONFIG_PATH} (and {TOKENIZER}) to a folder that has one"
+        )
+
+
+def cache_dir_for(path: Path, with_tokenizer: bool) -> Path:
+    import transformers
+
+    path = path.resolve()
+    stat = path.stat()
+    key = json.dumps(
+        [FORMAT, str(path), stat.st_size, stat.st_mtime_ns, transformers.__version__,
+         with_tokenizer]  # fmt: skip
+    )
+    return cache_root() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def extract(path: Path, with_tokenizer: bool = True, log=print) -> tuple[Path, bool]:  # type: ignore[no-untyped-def]
+    """(folder with config.json [+ tokenizer], True when it was already cached)."""
+    target = cache_dir_for(path, with_tokenizer)
+    if (target / DONE).is_file():
+        return target, True
+    check_readable(path)
+    from transformers import AutoConfig, AutoTokenizer
+
+    log(f"frontier-serve: reading config{' and tokenizer' if with_tokenizer else ''} "
+        f"from {path.name} into {target} (once per file)")  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        try:
+            AutoConfig.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(work)
+            if with_tokenizer:
+                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                tokenizer.save_pretrained(work)
+                mark_special_tokens(path, work)
+        except (ValueError, KeyError, OSError) as error:
+            raise ConfigError(
+                f"{path.name}: transformers could not read config/tokenizer from the GGUF "
+                f"({error}); set {HF_CONFIG_PATH} and {TOKENIZER} to a folder with them"
+            ) from None
+        (work / DONE).write_text(json.dumps({"gguf": str(path)}))
+        try:
+            work.rename(target)  # atomic; a racing extractor that won leaves its copy
+        except OSError:
+            if not (target / DONE).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target, False
+
+
+def gguf_config_env(env: Mapping[str, str], log=print) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The SERVE_* values to add so vLLM gets config and tokenizer of a bare GGUF.
+
+    Empty when nothing is needed. Says on stderr what it did.
+    """
+    path = needs_extraction(env)
+    if path is None:
+        return {}
+    keep_tokenizer = bool(env.get(TOKENIZER, "").strip())
+    folder, cached = extract(path, with_tokenizer=not keep_tokenizer, log=log)
+    updates = {HF_CONFIG_PATH: str(folder)}
+    if not keep_tokenizer:
+        updates[TOKENIZER] = str(folder)
+    what = "config" if keep_tokenizer else "config and tokenizer"
+    log(f"frontier-serve: no config.json beside {path.name}: {what} from the GGUF file "
+        f"({'cached' if cached else 'extracted'}) in {folder}; "
+        + ", ".join(f"{k}={v}" for k, v in updates.items()))  # fmt: skip
+    return updates
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def with_gguf_config(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` plus what `gguf_config_env` adds: the one call `serve` makes."""
+    return {**env, **gguf_config_env(env, log=_stderr)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m entrypoint.gguf_config MODEL.gguf`: warm the cache, print the folder."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        _stderr("usage: python -m entrypoint.gguf_config MODEL.gguf")
+        return 2
+    try:
+        updates = gguf_config_env({MODEL: args[0]}, log=_stderr)
+    except ConfigError as error:
+        for problem in error.problems:
+            _stderr(f"frontier-serve: error: {problem}")
+        return 1
+    print(updates.get(HF_CONFIG_PATH, ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

