@@ -7,7 +7,6 @@ import hashlib
 import html.parser
 import http.client
 import os
-import shutil
 import ssl
 import sys
 import urllib.parse
@@ -198,9 +197,3 @@ def verify_all(pins: Pins, cache: Path | None = None) -> list[str]:
             problems.append(f"mismatch {pin.filename}: expected {pin.sha256}, actual {actual}")
             print(f"MISMATCH {pin.filename}\n  expected {pin.sha256}\n  actual   {actual}")
     return problems
-
-
-def copy_to(paths: dict[str, Path], dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in paths.values():
-        shutil.copy2(path, dest / path.name)
