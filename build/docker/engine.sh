@@ -97,6 +97,18 @@ ensure_engine() {
     done
 }
 
+engine_log_tail() {
+    # The last lines of the dockerd log, when this script's engine is the one in use.
+    local logfile=$ENGINE_DIR/dockerd.log pidfile=$ENGINE_DIR/dockerd.pid
+    [[ -f $pidfile && -f $logfile ]] || return 0
+    if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+        log "dockerd (pid $(cat "$pidfile")) is running; last lines of $logfile:"
+    else
+        log "dockerd (pid $(cat "$pidfile")) has exited; last lines of $logfile:"
+    fi
+    tail -40 "$logfile" >&2
+}
+
 stop_engine() {
     local pidfile=$ENGINE_DIR/dockerd.pid pid
     [[ -f $pidfile ]] || return 0
