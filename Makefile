@@ -11,7 +11,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
-        test-kernels bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu \
+        test-kernels bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
         lint-deploy e2e bench-build clean
 
 help: ## list the targets
@@ -66,8 +66,8 @@ summary: patch-check ## patch every upstream and print pins, series, digests and
 smoke: ## main command: CPU image + compose `smoke` (tiny model): readiness, a completion, how to stop
 	build/docker/smoke.sh
 
-smoke-gguf: venv ## GGUF smoke on CPU: Gemma 3 270M Q4_K_M through serve, readiness, probe, a completion
-	$(VPY) tests/gguf_cpu/smoke_gguf.py
+smoke-gguf: ## CPU GGUF image + compose `smoke-gguf` (Gemma 3 270M Q4_K_M): readiness, a completion
+	build/docker/smoke.sh smoke-gguf
 
 bench-gguf-cpu: venv ## GGUF-on-CPU baseline: load time, peak RSS, tokens/s (Gemma 3 270M Q4_K_M)
 	$(VPY) tests/gguf_cpu/bench_gguf_cpu.py
@@ -77,6 +77,9 @@ image: ## build the CUDA image frontier-serve:cuda (GPU host; pulls the CUDA bas
 
 image-cpu: ## build the CPU image frontier-serve:cpu
 	build/docker/build-image.sh runtime-cpu
+
+image-cpu-gguf: ## build the CPU GGUF image frontier-serve:cpu-gguf (Gemma 3 270M Q4_K_M)
+	build/docker/build-image.sh runtime-cpu-gguf
 
 lint-deploy: ## hadolint, compose config + schema, kubernetes-validate, shellcheck
 	build/docker/lint-deploy.sh

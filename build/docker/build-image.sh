@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Build one image target with the pipeline-staged context:
-#   build/docker/build-image.sh [runtime-cpu|runtime] [extra docker build args...]
+#   build/docker/build-image.sh [runtime-cpu|runtime-cpu-gguf|runtime] [extra docker build args...]
 # Environment:
 #   DEBIAN_BASE / CUDA_BASE   base images (defaults: the Dockerfile's)
 #   FRONTIER_CA               CA bundle passed as the optional build secret `ca`
 #                             (default: pip's configured `cert`, when there is one)
 #   SOURCE_DATE_EPOCH         reproducible timestamp (default: last commit time)
 #   VLLM_SOURCE               sdist (default) or git (runtime only)
-# Tags frontier-serve:cpu / frontier-serve:cuda and <version>-cpu / <version>.
+# Tags frontier-serve:cpu / :cpu-gguf / :cuda and <version>-cpu / <version>-cpu-gguf / <version>.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -18,8 +18,9 @@ target=${1:-runtime-cpu}
 shift || true
 case $target in
     runtime-cpu) tag=frontier-serve:cpu suffix=-cpu ;;
+    runtime-cpu-gguf) tag=frontier-serve:cpu-gguf suffix=-cpu-gguf ;;
     runtime) tag=frontier-serve:cuda suffix= ;;
-    *) echo "usage: $0 [runtime-cpu|runtime] [docker build args...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [runtime-cpu|runtime-cpu-gguf|runtime] [docker build args...]" >&2; exit 2 ;;
 esac
 
 pick_docker

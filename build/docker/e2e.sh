@@ -8,7 +8,10 @@
 #  5. a completion over 127.0.0.1
 #  6. SIGSTOP the vLLM server (PID 1): compose must report the service unhealthy;
 #     SIGCONT: healthy again
-#  7. `docker compose down`; stop the engine if this script started it
+#  7. `docker compose down`
+#  8. the GGUF variant: build runtime-cpu-gguf, `--profile smoke-gguf up --wait`,
+#     probe, a greedy completion from Gemma 3 270M Q4_K_M, down
+#  9. stop the engine if this script started it
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,12 +23,16 @@ BASE=${DEBIAN_BASE:-frontier-debian:bookworm}
 PROJECT=frontier-e2e
 started=$(date +%s)
 compose_up=0
+service=smoke
 
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
-compose() { SMOKE_PORT=$port "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile smoke "$@"; }
+compose() {
+    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port \
+        "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
+}
 health() {
     local id
-    id=$(compose ps -q smoke)
+    id=$(compose ps -q "$service")
     [[ -n $id ]] && "$DOCKER" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id"
 }
 wait_health() {  # wait_health WANTED SECONDS
@@ -37,7 +44,7 @@ wait_health() {  # wait_health WANTED SECONDS
         fi
         sleep 2
     done
-    log "compose reports smoke $1"
+    log "compose reports $service $1"
 }
 
 cleanup() {
@@ -110,6 +117,26 @@ compose kill -s SIGCONT smoke
 wait_health healthy 120
 
 step "compose down"
+compose down --volumes --timeout 20
+compose_up=0
+
+step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
+DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
+service=smoke-gguf
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+step "compose --profile smoke-gguf up -d --wait (port $port)"
+compose_up=1
+compose up -d --wait --wait-timeout 900 smoke-gguf
+wait_health healthy 5
+"$DOCKER" exec "$(compose ps -q smoke-gguf)" python -m entrypoint probe
+
+step "GGUF completion over 127.0.0.1:$port"
+reply=$(curl -sS --fail --max-time 120 "http://127.0.0.1:$port/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d '{"model": "gemma-3-270m", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}')
+python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; print("completion:", repr(t)); assert r["usage"]["completion_tokens"] > 0 and t.strip()' "$reply"
+
+step "compose down (smoke-gguf)"
 compose down --volumes --timeout 20
 compose_up=0
 step "e2e passed"

