@@ -10,7 +10,8 @@
 #     SIGCONT: healthy again
 #  7. `docker compose down`
 #  8. the GGUF variant: build runtime-cpu-gguf, `--profile smoke-gguf up --wait`,
-#     probe, a greedy completion from Gemma 3 270M Q4_K_M, down
+#     probe, a greedy completion from Gemma 3 270M Q4_K_M, down; then a second
+#     cold start (a new container) must give the same text
 #  9. stop the engine if this script started it
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
@@ -45,6 +46,31 @@ wait_health() {  # wait_health WANTED SECONDS
         sleep 2
     done
     log "compose reports $service $1"
+}
+
+up() {  # up SERVICE WAIT_SECONDS: a free port, compose up --wait, healthy, probe
+    service=$1
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    step "compose --profile $service up -d --wait (port $port)"
+    compose_up=1
+    compose up -d --wait --wait-timeout "$2" "$service"
+    wait_health healthy 5
+    compose ps
+    "$DOCKER" exec "$(compose ps -q "$service")" python -m entrypoint probe
+}
+complete() {  # complete MODEL PROMPT: one greedy completion that must return text; sets $text
+    local reply
+    step "completion from $1 over 127.0.0.1:$port"
+    reply=$(curl -sS --fail --max-time 120 "http://127.0.0.1:$port/v1/completions" \
+        -H 'Content-Type: application/json' \
+        -d "{\"model\": \"$1\", \"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}")
+    text=$(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; assert r["usage"]["completion_tokens"] > 0 and t.strip(), r; print(repr(t))' "$reply")
+    echo "completion: $text"
+}
+down() {
+    step "compose down ($service)"
+    compose down --volumes --timeout 20
+    compose_up=0
 }
 
 cleanup() {
@@ -95,19 +121,8 @@ for pair in TREE_VLLM:io.frontier-serve.tree.vllm TREE_PLUGIN:io.frontier-serve.
     log "label ${pair#*:}=${got:0:16}…"
 done
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-step "compose --profile smoke up -d --wait (port $port)"
-compose_up=1
-compose up -d --wait --wait-timeout 600 smoke
-wait_health healthy 5
-compose ps
-"$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe
-
-step "completion over 127.0.0.1:$port"
-reply=$(curl -sS --fail --max-time 60 "http://127.0.0.1:$port/v1/completions" \
-    -H 'Content-Type: application/json' \
-    -d '{"model": "tiny", "prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0}')
-python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; print("completion:", repr(t)); assert r["usage"]["completion_tokens"] > 0' "$reply"
+up smoke 600
+complete tiny "the quick brown fox"
 
 step "SIGSTOP the vLLM server: compose must report unhealthy"
 compose kill -s SIGSTOP smoke
@@ -116,27 +131,18 @@ wait_health unhealthy 120
 compose kill -s SIGCONT smoke
 wait_health healthy 120
 
-step "compose down"
-compose down --volumes --timeout 20
-compose_up=0
+down
 
 step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
 DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
-service=smoke-gguf
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-step "compose --profile smoke-gguf up -d --wait (port $port)"
-compose_up=1
-compose up -d --wait --wait-timeout 900 smoke-gguf
-wait_health healthy 5
-"$DOCKER" exec "$(compose ps -q smoke-gguf)" python -m entrypoint probe
-
-step "GGUF completion over 127.0.0.1:$port"
-reply=$(curl -sS --fail --max-time 120 "http://127.0.0.1:$port/v1/completions" \
-    -H 'Content-Type: application/json' \
-    -d '{"model": "gemma-3-270m", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}')
-python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; print("completion:", repr(t)); assert r["usage"]["completion_tokens"] > 0 and t.strip()' "$reply"
-
-step "compose down (smoke-gguf)"
-compose down --volumes --timeout 20
-compose_up=0
+up smoke-gguf 900
+complete gemma-3-270m "The capital of France is"
+first=$text
+down
+# A second cold start (a new container) must give the same greedy text.
+up smoke-gguf 900
+complete gemma-3-270m "The capital of France is"
+[[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
+log "same completion after a second cold start"
+down
 step "e2e passed"
