@@ -19,6 +19,7 @@ import pytest
 
 from entrypoint.statusfile import read_json, read_ready, write_ready
 from entrypoint.watcher import WatchConfig
+from tests.serving import wait_for
 
 pytestmark = pytest.mark.process
 REPO = Path(__file__).resolve().parents[2]
@@ -127,16 +128,6 @@ def fake_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-def wait_for(check, timeout: float, step: float = 0.05) -> float:  # type: ignore[no-untyped-def]
-    """Seconds until check() is true; fails the test after `timeout`."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(step)
-    return time.monotonic() - start
 
 
 @pytest.fixture

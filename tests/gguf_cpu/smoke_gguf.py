@@ -11,16 +11,14 @@ every step passed.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_gguf_cpu import REPO, post, start_gemma  # noqa: E402
+from bench_gguf_cpu import start_gemma  # noqa: E402
+
+from tests.serving import run_entrypoint  # noqa: E402
 
 
 def main() -> int:
@@ -29,32 +27,23 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1200)
     args = parser.parse_args()
 
-    proc, port, folder, model, start = start_gemma("float32")
-    ready = folder / "ready"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    served, model = start_gemma("float32")
     ok = False
     try:
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() - start > args.timeout:
-                print((folder / "serve.log").read_text(errors="replace")[-4000:], file=sys.stderr)
-                print("smoke-gguf: the server did not become ready", file=sys.stderr)
-                return 1
-            time.sleep(1)
-        print(f"smoke-gguf: ready after {time.monotonic() - start:.0f}s on 127.0.0.1:{port}")
+        try:
+            served.wait_ready(args.timeout)
+        except AssertionError as error:
+            print(f"smoke-gguf: the server did not become ready: {error}", file=sys.stderr)
+            return 1
+        print(f"smoke-gguf: ready after {served.ready_after:.0f}s on 127.0.0.1:{served.port}")
         for command in ("probe", "status"):
-            result = subprocess.run(
-                [sys.executable, "-m", "entrypoint", command, "--ready-file", str(ready)],
-                env=env,
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-            )
+            result = run_entrypoint(command, "--ready-file", str(served.ready))
             print(f"--- {command} (exit {result.returncode}):\n{result.stdout.strip()}")
             if result.returncode != 0:
                 print(result.stderr, file=sys.stderr)
                 return 1
-        answer = post(
-            port,
+        answer = served.post(
+            "/v1/completions",
             {"model": str(model), "prompt": "The capital of France is", "max_tokens": 12,
              "temperature": 0},
         )  # fmt: skip
@@ -64,10 +53,10 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         if args.keep and ok:
-            print(f"smoke-gguf: left running (pid {proc.pid}); stop with: kill -TERM -{proc.pid}")
-        elif proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(120)
+            pid = served.proc.pid
+            print(f"smoke-gguf: left running (pid {pid}); stop with: kill -TERM -{pid}")
+        else:
+            served.terminate(120)
 
 
 if __name__ == "__main__":

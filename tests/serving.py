@@ -1,0 +1,182 @@
+"""Start `python -m entrypoint serve` on 127.0.0.1 for a test or a benchmark, and talk to it.
+
+One helper for every real-server test (tiny model, Gemma GGUF) and the GGUF
+benchmark: the server runs in its own session so that it and every vLLM child
+can be stopped together, its output goes to `serve.log` in the given folder,
+and requests bypass any proxy the environment configures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(
+    check: Callable[[], object], timeout: float, what: str = "condition", step: float = 0.05
+) -> float:
+    """Seconds until check() is true; AssertionError after timeout."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(step)
+    return time.monotonic() - start
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of a session (vLLM and its engine/worker children)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat_fields(entry)
+        if fields and int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            pids.append(int(entry))
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (or is a zombie waiting for its parent)."""
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    port: int
+    folder: Path
+    started: float
+    ready_after: float = 0.0
+
+    @property
+    def ready(self) -> Path:
+        return self.folder / "ready"
+
+    @property
+    def status(self) -> Path:
+        return self.folder / "status.json"
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "serve.log"
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds from the start until the readiness file appears; fails with the log."""
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"serve exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            return self.ready.exists()
+
+        try:
+            wait_for(ready, timeout, "readiness file", step=0.5)
+        except AssertionError as error:
+            if self.proc.poll() is None:
+                raise AssertionError(f"{error}\n{self.log_tail()}") from None
+            raise
+        self.ready_after = time.monotonic() - self.started
+        return self.ready_after
+
+    def get(self, path: str, timeout: float = 30) -> dict:
+        url = f"http://127.0.0.1:{self.port}{path}"
+        with _OPENER.open(url, timeout=timeout) as response:
+            return json.load(response)
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with _OPENER.open(request, timeout=timeout) as response:
+            return json.load(response)
+
+    def terminate(self, grace: float = 60) -> None:
+        """SIGTERM to the server's session, SIGKILL after the grace period."""
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_serve(folder: Path, **settings: str) -> Served:
+    """`serve` with SERVE_* settings on top of a small-CPU default; returns at once.
+
+    Defaults: loopback on a free port, readiness file in folder, 512-token
+    context, eager mode (no CPU compile warm-up), 1 GiB KV cache, offline hub.
+    The runner's own SERVE_* variables never leak in.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    env.update(
+        PYTHONPATH=PYTHONPATH,
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        SERVE_HOST="127.0.0.1",
+        SERVE_PORT=str(port),
+        SERVE_MAX_MODEL_LEN="512",
+        SERVE_ENFORCE_EAGER="true",
+        SERVE_READY_FILE=str(folder / "ready"),
+        SERVE_HEALTH_INTERVAL="0.5",
+    )
+    env.update(settings)
+    started = time.monotonic()
+    with (folder / "serve.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "entrypoint", "serve"],
+            env=env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one group to stop; the pid stays vLLM's (exec)
+        )
+    return Served(proc, port, folder, started)
+
+
+def run_entrypoint(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m entrypoint ARGS` from the repository, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoint", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+        cwd=REPO,
+        check=False,
+    )
