@@ -12,11 +12,9 @@ positions to cache rows on its own (tests/backend/sparse_batch.py).
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +30,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from tests.backend.sparse_batch import SparseBatch, expected_slots, make_batch, reference_attention
+from tests.backend.tiny_configs import tiny_mla_model
 
 HEADS = 4  # per GPU; the kernel pads a head block of 16
 TOPK = 128  # index_topk of the tiny model (GLM-5 uses 2048)
@@ -47,37 +46,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _tiny_glm5(tmp: Path) -> Path:
-    cfg = {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": "glm_moe_dsa",
-        "hidden_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 32,
-        "index_topk": TOPK,
-        "index_n_heads": 2,
-        "index_head_dim": 128,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "first_k_dense_replace": 1,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 64,
-        "vocab_size": 512,
-        "max_position_embeddings": 4096,
-        "num_nextn_predict_layers": 0,
-        "torch_dtype": "bfloat16",
-    }
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    return tmp
 
 
 @dataclass
@@ -121,7 +89,9 @@ def _make_layer(vllm_config: VllmConfig, prefix: str, kv_cache_dtype: str) -> Se
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     assert HAS_TRITON, "the interpreter stand-in did not take effect"
     mc = ModelConfig(
-        model=str(_tiny_glm5(tmp_path_factory.mktemp("glm5"))),
+        model=str(
+            tiny_mla_model(tmp_path_factory.mktemp("glm5"), sparse=True, heads=HEADS, topk=TOPK)
+        ),
         skip_tokenizer_init=True,
         dtype="bfloat16",
         max_model_len=1024,

@@ -9,14 +9,13 @@ usable patch vLLM's availability probe and say so in their names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.backend import stand_ins
+from tests.backend.tiny_configs import tiny_mla_model
 
 STUBBED = stand_ins.stub_cuda_extensions()
 
@@ -51,52 +50,13 @@ UPSTREAM_OTHER = [
 ]
 
 
-def _model_dir(tmp: Path, sparse: bool) -> Path:
-    """A GLM-5-shaped (DSA) or DeepSeek-V2-shaped (dense MLA) config, tiny."""
-    cfg = {
-        "hidden_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 32,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "first_k_dense_replace": 1,
-        "intermediate_size": 128,
-        "moe_intermediate_size": 64,
-        "vocab_size": 512,
-        "max_position_embeddings": 4096,
-        "torch_dtype": "bfloat16",
-    }
-    if sparse:
-        cfg |= {
-            "architectures": ["GlmMoeDsaForCausalLM"],
-            "model_type": "glm_moe_dsa",
-            "index_topk": 2048,  # FLASHINFER_MLA_SPARSE_SM120 takes only 2048
-            "index_n_heads": 2,
-            "index_head_dim": 128,
-            "num_nextn_predict_layers": 0,
-        }
-    else:
-        cfg |= {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
-    path = tmp / ("dsa" if sparse else "dense")
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, VllmConfig]:
     tmp = tmp_path_factory.mktemp("models")
     out = {}
     for sparse in (True, False):
         mc = ModelConfig(
-            model=str(_model_dir(tmp, sparse)),
+            model=str(tiny_mla_model(tmp / ("dsa" if sparse else "dense"), sparse=sparse)),
             skip_tokenizer_init=True,
             dtype="bfloat16",
             max_model_len=1024,
