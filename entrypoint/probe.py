@@ -56,7 +56,7 @@ def status_text(ready_file: str, now: float | None = None) -> tuple[int, str]:
     status = read_json(path)
     if status is None:
         return 1, json.dumps({"phase": "unknown", "error": f"no status file at {path}"}, indent=2)
-    for key in ("since", "heartbeat"):
+    for key in ("since", "heartbeat", "last_error_at"):
         if isinstance(status.get(key), int | float):
             status[f"{key}_utc"] = _iso(status[key])
             status[f"{key}_age_s"] = round(now - status[key], 1)

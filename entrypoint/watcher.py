@@ -67,6 +67,7 @@ class Tracker:
     failures_in_row: int = 0
     ever_ready: bool = False
     last_error: str | None = None
+    last_error_at: float | None = None  # the error stays after recovery; its time dates it
     reason: str | None = None
     exit_code: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -86,7 +87,7 @@ class Tracker:
             self.ever_ready = True
             self._enter(READY, None)
         else:
-            self.last_error = error
+            self.last_error, self.last_error_at = error, self.clock()
             self.failures_in_row += 1
             # Failures while loading are expected (nothing listens yet); only a server
             # that was ready can become unhealthy.
@@ -127,6 +128,7 @@ class Tracker:
             "ever_ready": self.ever_ready,
             "failures_in_row": self.failures_in_row,
             "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
             "reason": self.reason,
             "exit_code": self.exit_code,
             "hints": self.config.hints,

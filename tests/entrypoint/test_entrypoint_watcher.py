@@ -60,6 +60,13 @@ def test_starting_failures_are_expected(tracker: Tracker) -> None:
     status = status_of(tracker)
     assert status["phase"] == "starting" and not ready_exists(tracker)
     assert status["last_error"] == "GET /health: connection refused"
+    errored_at = status["last_error_at"]
+    tracker.clock.now += 30  # type: ignore[attr-defined]
+    tracker.record(None)
+    status = status_of(tracker)
+    # Ready now; the old error is kept, with the time that shows it is old.
+    assert status["phase"] == "ready" and status["failures_in_row"] == 0
+    assert status["last_error_at"] == errored_at < status["since"]
 
 
 def test_ready_writes_both_files(tracker: Tracker) -> None:
