@@ -118,12 +118,14 @@ def test_glm5_model_is_a_read_only_bind_with_a_configurable_path() -> None:
     assert gguf["source"].startswith("${GLM5_GGUF_DIR:-")
 
 
-def test_smoke_is_cpu_loopback_and_profiled() -> None:
-    smoke = _compose()["services"]["smoke"]
-    assert smoke["profiles"] == ["smoke"]
-    assert smoke["network_mode"] == "host"
-    assert smoke["environment"]["SERVE_HOST"] == "127.0.0.1"
-    assert smoke["image"].endswith("frontier-serve:cpu}")
+@pytest.mark.parametrize(("service", "tag"), [("smoke", "cpu"), ("smoke-gguf", "cpu-gguf")])
+def test_smoke_services_are_cpu_loopback_and_profiled(service: str, tag: str) -> None:
+    svc = _compose()["services"][service]
+    assert svc["profiles"] == [service]
+    assert svc["network_mode"] == "host"
+    assert svc["environment"]["SERVE_HOST"] == "127.0.0.1"
+    assert svc["image"].endswith(f"frontier-serve:{tag}}}")
+    assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "entrypoint", "probe"]
 
 
 def _deployment() -> dict:
@@ -182,15 +184,6 @@ def test_gguf_image_is_runtime_cpu_plus_a_checked_gguf() -> None:
     assert [name for name, text in stages.items() if ".work/context/models" in text] == [
         "gguf-model"
     ]
-
-
-def test_smoke_gguf_is_cpu_loopback_and_profiled() -> None:
-    svc = _compose()["services"]["smoke-gguf"]
-    assert svc["profiles"] == ["smoke-gguf"]
-    assert svc["network_mode"] == "host"
-    assert svc["environment"]["SERVE_HOST"] == "127.0.0.1"
-    assert svc["image"].endswith("frontier-serve:cpu-gguf}")
-    assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "entrypoint", "probe"]
 
 
 @pytest.mark.slow
