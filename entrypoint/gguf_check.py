@@ -67,10 +67,9 @@ def _histogram(tensors: list[Any]) -> list[str]:
     return rows
 
 
-# Exit codes: 0 loads, 1 gaps found, 2 inputs unreadable, NO_LAYOUT: this
+# Exit codes: 0 loads, 1 gaps found, 2 inputs unreadable, GGUF_NO_LAYOUT: this
 # architecture has no tensor layout here (the serve preflight then skips itself
 # unless SERVE_PREFLIGHT_GGUF asked for it explicitly).
-NO_LAYOUT = GGUF_NO_LAYOUT
 
 
 def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
@@ -86,7 +85,7 @@ def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
             f"check-gguf: model_type {cfg.get('model_type')!r} is not supported; "
             f"known: {sorted(layout_mod.MODEL_TYPE_ARCHES)}"
         )
-        return NO_LAYOUT
+        return GGUF_NO_LAYOUT
     try:
         headers = headers_mod.read_set(path)
     except headers_mod.GGUFHeaderError as exc:
@@ -123,9 +122,3 @@ def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
 def main(path: str, hf_config: str) -> int:
     """Entry for ``python -m entrypoint check-gguf PATH --hf-config X``."""
     return check(path, hf_config)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m entrypoint.gguf_check PATH HF_CONFIG")
-    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import struct
 import sys
@@ -31,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from entrypoint.errors import ConfigError
+from entrypoint.gguf_models import frontier_cache
 
 MODEL = "SERVE_MODEL"
 HF_CONFIG_PATH = "SERVE_HF_CONFIG_PATH"
@@ -40,8 +40,7 @@ FORMAT = 2  # part of the cache key: bump when the extraction changes
 
 
 def cache_root() -> Path:
-    base = os.environ.get("FRONTIER_CACHE") or Path.home() / ".cache" / "frontier-serve"
-    return Path(base) / "gguf-config"
+    return frontier_cache() / "gguf-config"
 
 
 def needs_extraction(env: Mapping[str, str]) -> Path | None:

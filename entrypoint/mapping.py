@@ -106,9 +106,9 @@ def args_for(name: str, raw: str, option: str, action: argparse.Action) -> list[
     if kind in (FLAG, BOOL, OPTIONAL):
         try:
             wanted = parse_bool(name, raw)
-        except SettingError as exc:
+        except SettingError:
             if kind != OPTIONAL:
-                raise ConfigError(str(exc)) from None
+                raise
             return _pair(option, raw)  # an optional-valued option given a real value
         if kind == BOOL:
             # BooleanOptionalAction owns both --x and --no-x; pick by the wanted value.

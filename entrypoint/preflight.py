@@ -58,11 +58,7 @@ def check_port_free(host: str | None, port: int) -> None:
 
 def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
     is_gguf = model.lower().endswith(".gguf")
-    try:
-        wanted = settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf)
-    except settings.SettingError as exc:
-        raise ConfigError(str(exc)) from None
-    return wanted and is_gguf
+    return settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf) and is_gguf
 
 
 def gguf_preflight(env: Mapping[str, str], namespace: argparse.Namespace) -> int:

@@ -46,10 +46,7 @@ def model_hints(model: str | None) -> list[str]:
 
 
 def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
-    try:
-        watch = settings.watch_settings(env)
-    except settings.SettingError as exc:
-        raise ConfigError(str(exc)) from None
+    watch = settings.watch_settings(env)
     if getattr(rendered.namespace, "uds", None):
         raise ConfigError(
             f"SERVE_UDS: the watcher checks health over TCP; set {settings.WATCHER}=false "
@@ -82,11 +79,8 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
         except ConfigError as exc:
             problems.extend(exc.problems)
 
-    try:
-        watcher_on = settings.flag(env, settings.WATCHER, default=True)
-        port_check_on = settings.flag(env, settings.CHECK_PORT, default=True)
-    except settings.SettingError as exc:
-        raise ConfigError(str(exc)) from None
+    watcher_on = settings.flag(env, settings.WATCHER, default=True)
+    port_check_on = settings.flag(env, settings.CHECK_PORT, default=True)
     if watcher_on:
         try:
             config = watch_config(env, rendered)

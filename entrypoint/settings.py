@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from entrypoint.errors import ConfigError
+
 # `typing` alone costs probe ~5 ms, so type-only imports hide behind a plain flag.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,8 +55,8 @@ TRUE_WORDS = frozenset({"true", "1"})
 FALSE_WORDS = frozenset({"false", "0"})
 
 
-class SettingError(ValueError):
-    """A reserved variable has a value we cannot use."""
+class SettingError(ConfigError, ValueError):
+    """A reserved variable has a value we cannot use (a ConfigError naming it)."""
 
 
 def parse_bool(name: str, value: str) -> bool:

@@ -6,7 +6,6 @@ Stdlib-only: `probe` imports this and must stay fast.
 from __future__ import annotations
 
 import os
-import signal
 
 TYPE_CHECKING = False  # importing typing costs probe ~5 ms
 if TYPE_CHECKING:
@@ -119,6 +118,8 @@ def describe_wait_status(status: int | None) -> tuple[int | None, str]:
     if status is None:
         return None, "exit code unknown (reaped before it could be read)"
     if os.WIFSIGNALED(status):
+        import signal  # here, not at the top: probe imports this module
+
         sig = os.WTERMSIG(status)
         try:
             name = signal.Signals(sig).name
