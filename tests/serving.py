@@ -170,7 +170,7 @@ def start_serve(folder: Path, **settings: str) -> Served:
     return Served(proc, port, folder, started)
 
 
-def run_entrypoint(*args: str) -> subprocess.CompletedProcess[str]:
+def run_entrypoint(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m entrypoint ARGS` from the repository, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "entrypoint", *args],
@@ -179,4 +179,5 @@ def run_entrypoint(*args: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "PYTHONPATH": PYTHONPATH},
         cwd=REPO,
         check=False,
+        timeout=timeout,
     )

@@ -12,7 +12,6 @@ positions to cache rows on its own (tests/backend/sparse_batch.py).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from tests.backend.sparse_batch import SparseBatch, expected_slots, make_batch, reference_attention
 from tests.backend.tiny_configs import tiny_mla_model
+from tests.serving import free_port
 
 HEADS = 4  # per GPU; the kernel pads a head block of 16
 TOPK = 128  # index_topk of the tiny model (GLM-5 uses 2048)
@@ -40,12 +40,6 @@ LAYER = "model.layers.0.self_attn.attn"
 # prefill whose context exceeds top-k, 1 fresh prefill shorter than top-k.
 QUERY_LENS = [1, 1, 2, 5, 3]
 SEQ_LENS = [150, 40, 90, 260, 3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -102,7 +96,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             world_size=1,
             rank=0,
             local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+            distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
             backend="gloo",
         )
         parallel_state.ensure_model_parallel_initialized(1, 1)

@@ -73,10 +73,7 @@ def make_batch(
     for r, (ql, sl) in enumerate(zip(query_lens, seq_lens, strict=True)):
         for i in range(ql):
             visible = sl - ql + i + 1  # causal: positions [0, visible)
-            if visible <= topk:
-                pos = torch.randperm(visible, generator=g)
-            else:
-                pos = torch.randperm(visible, generator=g)[:topk]
+            pos = torch.randperm(visible, generator=g)[:topk]  # all of them when visible <= topk
             row = torch.full((topk,), -1, dtype=torch.int32)
             row[: pos.numel()] = pos.to(torch.int32)
             rows.append(row)

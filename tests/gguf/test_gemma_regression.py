@@ -23,28 +23,18 @@ from vllm_gguf_plugin.weights_adapter import Gemma3GGUFAdapter, get_weights_adap
 from vllm_gguf_plugin.weights_adapter.base import GGUFLoadSpec
 from vllm_gguf_plugin.weights_adapter.gemma3 import build_gemma3_mapper
 
-from entrypoint import gguf_models
-
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # gguf-py's reader: ~30 s of CPU
 
 
 @pytest.fixture(scope="module")
-def gemma_gguf() -> Path:
-    try:
-        return gguf_models.gemma_gguf()
-    except gguf_models.ModelAssemblyError as error:
-        pytest.fail(str(error))
-
-
-@pytest.fixture(scope="module")
-def yielded(gemma_gguf: Path) -> dict[str, torch.Tensor]:
+def yielded(gemma_path: Path) -> dict[str, torch.Tensor]:
     config = Gemma3TextConfig()
     adapter = get_weights_adapter(config)
     assert type(adapter) is Gemma3GGUFAdapter  # the MLA adapter must not claim it
     # Stand-in for prepare_loading, whose extra passes only patch the config
     # (gguf-py's reader takes ~30 s of CPU per pass over this 262k-token vocab).
     adapter.mapper = build_gemma3_mapper(is_multimodal=False)
-    adapter.load_spec = GGUFLoadSpec(weights_source=[str(gemma_gguf)], unquantized_modules=[])
+    adapter.load_spec = GGUFLoadSpec(weights_source=[str(gemma_path)], unquantized_modules=[])
     stream = list(adapter.prepare_weights(SimpleNamespace(hf_config=config)))
     assert len({n for n, _ in stream}) == len(stream)
     return dict(stream)
@@ -56,9 +46,9 @@ def raw_bytes(path: Path, name: str) -> tuple[np.ndarray, T]:
     return np.array(data), T(info.type_id)
 
 
-def test_names_with_stubbed_prepare_loading(gemma_gguf: Path,
+def test_names_with_stubbed_prepare_loading(gemma_path: Path,
                                             yielded: dict[str, torch.Tensor]) -> None:
-    header = read_header(gemma_gguf)
+    header = read_header(gemma_path)
     quantized = [t for t in header.tensors if t.type_name not in ("F32", "F16", "BF16")]
     assert {t.type_name for t in quantized} >= {"Q4_K", "Q6_K"}
     assert len(yielded) == len(header.tensors) + len(quantized)
@@ -74,13 +64,13 @@ def test_names_with_stubbed_prepare_loading(gemma_gguf: Path,
         assert name in yielded, name
 
 
-def test_values_with_stubbed_prepare_loading(gemma_gguf: Path,
+def test_values_with_stubbed_prepare_loading(gemma_path: Path,
                                              yielded: dict[str, torch.Tensor]) -> None:
-    raw, qtype = raw_bytes(gemma_gguf, "blk.0.attn_q.weight")
+    raw, qtype = raw_bytes(gemma_path, "blk.0.attn_q.weight")
     assert int(yielded["model.layers.0.self_attn.q_proj.qweight_type"]) == qtype
     got = yielded["model.layers.0.self_attn.q_proj.qweight"].numpy()
     np.testing.assert_array_equal(got.reshape(-1), raw)
     assert dequantize(got, qtype).shape[-1] == 640  # Gemma 3 270M hidden size
     # Gemma 3 stores norms as (1 + w); the adapter subtracts the 1.
-    norm, _ = raw_bytes(gemma_gguf, "output_norm.weight")
+    norm, _ = raw_bytes(gemma_path, "output_norm.weight")
     assert torch.equal(yielded["model.norm.weight"], torch.from_numpy(norm.view(np.float32)) - 1)

@@ -14,6 +14,7 @@ reach on CPU (sparse attention and the plugin's GGUF kernels need a GPU).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -26,7 +27,7 @@ from gguf.quants import dequantize
 from torch.nn.parameter import UninitializedParameter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_tiny_glm5_gguf import CONFIG, hf_shapes, make_tiny, storage_type  # noqa: E402
+from make_tiny_glm5_gguf import CONFIG, Tiny, hf_shapes, make_tiny, storage_type  # noqa: E402
 
 SPARSE_BACKEND = "vllm.v1.attention.backends.mla.xpu_mla_sparse.XPUMLASparseBackend"
 
@@ -68,9 +69,15 @@ def expected(sd: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, list
     return None
 
 
+@functools.cache
+def _source() -> Tiny:
+    """The tensors the GGUF was written from (deterministic: built once per process)."""
+    return make_tiny(CONFIG, seed=0)
+
+
 def snapshot(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> dict[str, object]:
     """Every parameter before process_weights_after_loading, checked against the source."""
-    tiny = make_tiny(CONFIG, seed=0)
+    tiny = _source()
     sd, shapes = tiny.sd, hf_shapes(tiny.cfg)
     report: dict[str, object] = {"uninitialized": [], "mismatch": [], "checked": [], "skipped": []}
     params = dict(model.named_parameters())
@@ -207,7 +214,7 @@ def load(vllm_config, model_config, skip: tuple[str, ...]) -> dict[str, object]:
 
 def _mla_products(model: torch.nn.Module) -> dict[str, object]:
     """W_UK_T / W_UV that MLA derives from kv_b_proj, against the original kv_b."""
-    sd = make_tiny(CONFIG, seed=0).sd
+    sd = _source().sd
     heads, nope = CONFIG["num_attention_heads"], CONFIG["qk_nope_head_dim"]
     kv_lora = CONFIG["kv_lora_rank"]
     out: dict[str, dict[str, float]] = {"mla_max_error": {}}

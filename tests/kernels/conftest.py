@@ -17,10 +17,6 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped on CPU")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -14,15 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import triton
+from sm120_fitness import SM120_SMEM_LIMIT, cuobjdump_path
 
 SCRIPT = Path(__file__).with_name("sm120_fitness.py")
-SM120_SMEM_LIMIT = 101376
 
 
 def test_sm120_builds_fit() -> None:
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
+    if not cuobjdump_path().exists():
         pytest.skip("Triton's bundled cuobjdump is missing")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

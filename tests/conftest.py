@@ -1,4 +1,5 @@
-"""Shared pieces of the CPU GGUF tests: the real Gemma 3 270M Q4_K_M file."""
+"""Fixtures shared across test folders: the real Gemma 3 270M Q4_K_M file
+(tests/gguf and tests/gguf_cpu)."""
 
 from __future__ import annotations
 
