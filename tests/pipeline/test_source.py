@@ -92,3 +92,84 @@ def test_git_pin_without_commit_is_refused_before_cloning(tmp_path: Path, sdist_
     repo, _, _ = sdist_repo
     with pytest.raises(PipelineError, match="commit must be the full 40-hex SHA"):
         source.clone_git(_git_pins(tmp_path, repo, "refs/tags/v0.32.0", ""), tmp_path / "tree")
+
+
+def _tarball(path: Path, *members: tuple[str, str, str]) -> Path:
+    """A .tar.gz with members (name, kind, link target or content)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, extra in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                data = extra.encode()
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                continue
+            info.type = {
+                "dir": tarfile.DIRTYPE,
+                "sym": tarfile.SYMTYPE,
+                "hard": tarfile.LNKTYPE,
+                "chr": tarfile.CHRTYPE,
+                "fifo": tarfile.FIFOTYPE,
+            }[kind]
+            info.linkname = extra
+            tar.addfile(info)
+    return path
+
+
+@pytest.fixture(params=["with data_filter", "python 3.11.2 without data_filter"])
+def tarfile_like(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each unpack test as on Python >= 3.11.4 and as on the builder's 3.11.2,
+    where TarFile.extractall() takes no `filter` argument."""
+    import tarfile
+
+    if request.param.startswith("python 3.11.2"):
+        original = tarfile.TarFile.extractall
+
+        def old_extractall(self, path=".", members=None, *, numeric_owner=False):  # noqa: ANN001, ANN202
+            return original(self, path, members, numeric_owner=numeric_owner)
+
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+        monkeypatch.setattr(tarfile.TarFile, "extractall", old_extractall)
+    return request.param
+
+
+def test_sdist_unpacks_without_tarfile_filter(tmp_path: Path, tarfile_like: str) -> None:
+    archive = _tarball(
+        tmp_path / "pkg-1.0.tar.gz",
+        ("pkg-1.0", "dir", ""),
+        ("pkg-1.0/PKG-INFO", "file", "Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n"),
+        ("pkg-1.0/src/a.py", "file", "x = 1\n"),
+        ("pkg-1.0/link.py", "sym", "src/a.py"),
+    )
+    tree = source.unpack_sdist(archive, tmp_path / "tree")
+    assert source.sdist_version(tree) == "1.0"
+    assert (tree / "link.py").read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (("/etc/evil", "file", "x"), "absolute"),
+        (("pkg-1.0/../../evil", "file", "x"), "'..'"),
+        (("pkg-1.0/out", "sym", "/etc/passwd"), "leaves the tree"),
+        (("pkg-1.0/out", "sym", "../../etc/passwd"), "leaves the tree"),
+        (("pkg-1.0/hard", "hard", "../outside"), "leaves the tree"),
+        (("pkg-1.0/dev", "chr", ""), "device"),
+        (("pkg-1.0/fifo", "fifo", ""), "fifo"),
+    ],
+)
+def test_unsafe_sdist_members_are_refused(
+    tmp_path: Path, tarfile_like: str, member: tuple[str, str, str], why: str
+) -> None:
+    archive = _tarball(
+        tmp_path / "pkg-1.0.tar.gz",
+        ("pkg-1.0/PKG-INFO", "file", "Version: 1.0\n"),
+        member,
+    )
+    with pytest.raises(PipelineError, match=why):
+        source.unpack_sdist(archive, tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tree")]
