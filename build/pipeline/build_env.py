@@ -25,9 +25,10 @@ def _python(env: Path) -> str:
     return str(env / "bin" / "python")
 
 
-def torch_cuda(env: Path) -> str | None:
+def torch_cuda(env: Path | str) -> str | None:
+    python = env if isinstance(env, str) else _python(env)
     out = subprocess.run(
-        [_python(env), "-c", "import torch, sys; sys.stdout.write(str(torch.version.cuda))"],
+        [python, "-c", "import torch, sys; sys.stdout.write(str(torch.version.cuda))"],
         capture_output=True,
         text=True,
         check=False,
@@ -87,3 +88,24 @@ def ensure(tree: Path) -> str:
     ready.write_text(key + "\n")
     os.sync()
     return _python(env)
+
+
+def use(python: str, tree: Path) -> str:
+    """An existing interpreter (the image's venv, which already holds the CUDA torch)
+    with tree's build requirements added, so the torch/CUDA set is fetched once."""
+    requirements = tree / "requirements" / "build" / "cuda.txt"
+    if not requirements.is_file():
+        raise PipelineError(f"{tree}: no requirements/build/cuda.txt to build against")
+    if torch_cuda(python) is None:
+        raise PipelineError(
+            f"{python}: torch is missing or has no CUDA (torch.version.cuda is None); "
+            "vLLM's setup.py would not package the CUDA binaries"
+        )
+    print(f"[wheels] adding {requirements.name} to {python}'s environment")
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "--progress-bar", "off", "-r", str(requirements)],
+        check=False,
+    )
+    if result.returncode != 0:
+        raise PipelineError(f"installing the build requirements {requirements} failed")
+    return python

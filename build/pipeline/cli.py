@@ -87,6 +87,7 @@ def _wheels(args: argparse.Namespace) -> int:
             source.source_version(tree),
             fetch.fetch_one(loaded.file("vllm-cuda-wheel")),
             args.out,
+            python=args.build_python,
         )
         ours = [rel.as_posix() for rel in vllm_series.files]
         ours += [
@@ -189,6 +190,10 @@ def parser() -> argparse.ArgumentParser:
     upstreams(whl)
     trees(whl, "trees")
     whl.add_argument("--out", type=Path, default=work_dir() / "wheels")
+    whl.add_argument(
+        "--build-python",
+        help="build vLLM with this interpreter (it has the CUDA torch) instead of a build env",
+    )
     env = step("venv", _venv, "create or update the CPU test venv")
     env.add_argument("--venv", type=Path, default=REPO / ".venv")
     env.add_argument("--fresh", action="store_true", help="rebuild it from scratch")

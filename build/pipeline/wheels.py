@@ -40,8 +40,24 @@ def _zip_time() -> tuple[int, int, int, int, int, int]:
     return time.gmtime(max(epoch, 315532800))[:6]
 
 
-def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) -> Path:
-    """Patched vLLM wheel from tree, with binaries from the precompiled wheel."""
+def wheel_tags(wheel: Path) -> str:
+    match = _WHEEL_NAME.match(wheel.name)
+    if not match:
+        raise PipelineError(f"{wheel.name}: not a wheel file name")
+    return match.group("tags")
+
+
+def build_vllm(
+    tree: Path, source_version: str, precompiled: Path, out: Path, python: str | None = None
+) -> Path:
+    """Patched vLLM wheel from tree, with binaries from the precompiled wheel.
+
+    `python` is an interpreter that already holds the build requirements (the
+    image's own venv); without it, a cached build env is made (build_env.py).
+    The build runs in a copy of tree, so tree stays exactly what the series made
+    and its digest still equals `make patch-check`'s. The wheel gets the
+    precompiled wheel's tags: its binaries are that wheel's (abi3), so it fits
+    every Python the release fits, not only the one that ran setup.py."""
     from . import build_env
 
     base = wheel_version(precompiled).split("+", 1)[0]
@@ -50,7 +66,7 @@ def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) ->
             f"source version {source_version} differs from the precompiled wheel "
             f"{precompiled.name} ({base}); its binaries would not match the source"
         )
-    python = build_env.ensure(tree)
+    python = build_env.use(python, tree) if python else build_env.ensure(tree)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("vllm-*.whl"):
         old.unlink()
@@ -61,8 +77,11 @@ def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) ->
         "VLLM_TARGET_DEVICE": "cuda",
     }
     with tempfile.TemporaryDirectory(prefix="frontier-wheel-") as tmp:
+        work = Path(tmp) / "src"
+        # setup.py writes build/, *.egg-info and the precompiled .so files into its tree.
+        shutil.copytree(tree, work, symlinks=True)
         print(
-            f"pip wheel {tree} (precompiled binaries from {precompiled.name}); "
+            f"pip wheel {tree} (in a copy; precompiled binaries from {precompiled.name}); "
             "this takes a minute or two"
         )
         result = subprocess.run(
@@ -74,19 +93,57 @@ def build_vllm(tree: Path, source_version: str, precompiled: Path, out: Path) ->
                 "--no-deps",
                 "--no-build-isolation",
                 "--wheel-dir",
-                tmp,
-                str(tree),
+                str(Path(tmp) / "dist"),
+                str(work),
             ],
             env=env,
             check=False,
         )
         if result.returncode != 0:
             raise PipelineError(f"pip wheel of {tree} failed (exit {result.returncode})")
-        built = list(Path(tmp).glob("vllm-*.whl"))
+        built = list((Path(tmp) / "dist").glob("vllm-*.whl"))
         if len(built) != 1:
             raise PipelineError(f"expected one vllm wheel, got {[p.name for p in built]}")
-        final = out / built[0].name
-        shutil.move(built[0], final)
+        final = retag(built[0], wheel_tags(precompiled), out)
+    return final
+
+
+def retag(wheel: Path, tags: str, out: Path) -> Path:
+    """A copy of wheel in out, with the compatibility tags `tags` (file name and WHEEL)."""
+    match = _WHEEL_NAME.match(wheel.name)
+    if not match:
+        raise PipelineError(f"{wheel.name}: not a wheel file name")
+    name, version = match.group("name", "version")
+    info = f"{name}-{version}.dist-info"
+    python, abi, platforms = tags.split("-")
+    tag_lines = [
+        f"Tag: {py}-{ab}-{plat}"
+        for py in python.split(".")
+        for ab in abi.split(".")
+        for plat in platforms.split(".")
+    ]
+    final = out / f"{name}-{version}-{tags}.whl"
+    part = final.with_name(final.name + ".part")
+    with (
+        zipfile.ZipFile(wheel) as source,
+        zipfile.ZipFile(part, "w", compression=zipfile.ZIP_DEFLATED) as dest,
+    ):
+        entries = source.infolist()
+        wheel_file = source.read(f"{info}/WHEEL").decode()
+        kept = [line for line in wheel_file.splitlines() if not line.startswith("Tag:")]
+        new_wheel = ("\n".join(kept + tag_lines) + "\n").encode()
+        record = io.StringIO()
+        writer = csv.writer(record, lineterminator="\n")
+        for entry in entries:
+            if entry.filename == f"{info}/RECORD":
+                continue
+            data = new_wheel if entry.filename == f"{info}/WHEEL" else source.read(entry)
+            dest.writestr(entry, data)
+            if not entry.is_dir():
+                writer.writerow([entry.filename, _record_hash(data), len(data)])
+        writer.writerow([f"{info}/RECORD", "", ""])
+        dest.writestr(source.getinfo(f"{info}/RECORD"), record.getvalue())
+    os.replace(part, final)
     return final
 
 
