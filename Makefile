@@ -12,7 +12,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
         test-kernels bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
-        lint-deploy e2e bench-build clean
+        lint-deploy e2e check-image bench-build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -86,6 +86,9 @@ lint-deploy: ## hadolint, compose config + schema, kubernetes-validate, shellche
 
 e2e: ## real container test on CPU (installs/starts a Docker engine if needed)
 	build/docker/e2e.sh
+
+check-image: ## build the CUDA image (runtime) and check it inside, without a GPU
+	build/docker/check-image.sh
 
 bench-build: ## cold build, one-patch rebuild, image size, compose up -> healthy
 	build/docker/bench-build.sh

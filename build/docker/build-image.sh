@@ -16,18 +16,21 @@ source build/docker/engine.sh
 
 target=${1:-runtime-cpu}
 shift || true
+context=$target
 case $target in
     runtime-cpu) tag=frontier-serve:cpu suffix=-cpu ;;
     runtime-cpu-gguf) tag=frontier-serve:cpu-gguf suffix=-cpu-gguf ;;
     runtime) tag=frontier-serve:cuda suffix= ;;
-    *) echo "usage: $0 [runtime-cpu|runtime-cpu-gguf|runtime] [docker build args...]" >&2; exit 2 ;;
+    # The pipeline-test stage (make check-image); it reads nothing from the context.
+    builder-check) tag=frontier-serve:builder-check suffix=-builder-check context=runtime-cpu ;;
+    *) echo "usage: $0 [runtime-cpu|runtime-cpu-gguf|runtime|builder-check] [docker build args...]" >&2; exit 2 ;;
 esac
 
 pick_docker
 [[ -n $DOCKER ]] || { log "no Docker client that can build with BuildKit"; exit 1; }
 
-log "staging the build context for $target (python3 -m pipeline image context)"
-PYTHONPATH=build python3 -m pipeline image context --target "$target" >/dev/null
+log "staging the build context for $context (python3 -m pipeline image context)"
+PYTHONPATH=build python3 -m pipeline image context --target "$context" >/dev/null
 
 args=()
 version=
@@ -35,7 +38,7 @@ while IFS= read -r line; do
     [[ -n $line ]] || continue
     args+=(--build-arg "$line")
     [[ $line == VLLM_VERSION=* ]] && version=${line#VLLM_VERSION=}
-done <".work/context/$target.args"
+done <".work/context/$context.args"
 
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
 args+=(--build-arg "SOURCE_DATE_EPOCH=$epoch"

@@ -41,7 +41,10 @@ fi
 # Kubernetes mount volumes there) and the folder of the readiness file.
 groupadd --system --gid 10001 serve
 useradd --system --uid 10001 --gid serve --home-dir /home/serve --create-home --shell /usr/sbin/nologin serve
-install -d -o serve -g serve /run/serve /home/serve/.cache/huggingface /home/serve/.cache/vllm
+# Each level its own install -d: one call makes missing parents root-owned, and the
+# JIT caches (FlashInfer, DeepGEMM, Triton) go into /home/serve/.cache at run time.
+install -d -o serve -g serve /run/serve /home/serve/.cache
+install -d -o serve -g serve /home/serve/.cache/huggingface /home/serve/.cache/vllm
 # No build leftovers: pip's cache and the bytecode pip wrote for the build tools.
 rm -rf /root/.cache
 "$venv/bin/python" -m entrypoint reserved >/dev/null

@@ -103,7 +103,17 @@ def use(python: str, tree: Path) -> str:
         )
     print(f"[wheels] adding {requirements.name} to {python}'s environment")
     result = subprocess.run(
-        [python, "-m", "pip", "install", "--progress-bar", "off", "-r", str(requirements)],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--progress-bar",
+            "off",
+            "-r",
+            str(requirements),
+        ],
         check=False,
     )
     if result.returncode != 0:

