@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from entrypoint import settings
+from entrypoint import gpus, settings
 from entrypoint.errors import ConfigError
 from entrypoint.mapping import map_environment, parse_json
 from entrypoint.vllm_options import OptionTable, vllm_parser
@@ -63,8 +63,21 @@ def _vllm_reading(
         raise ConfigError(f"vLLM rejects the arguments{source}: {exc}") from None
 
 
+def checked_vllm_parser() -> argparse.ArgumentParser:
+    """vLLM's parser, or a ConfigError where the CUDA build cannot make one (no GPU)."""
+    gpus.require_gpu()
+    try:
+        return vllm_parser()
+    except RuntimeError as exc:
+        # NVML may see a GPU that vLLM's platform detection still rejects.
+        if not gpus.is_device_inference_error(exc):
+            raise
+        first = str(exc).split(",")[0]  # the rest is advice to turn on debug logging
+        raise ConfigError(gpus.no_gpu_problems(f"vLLM: {first}")) from None
+
+
 def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None) -> Rendered:
-    parser = vllm_parser() if parser is None else parser
+    parser = checked_vllm_parser() if parser is None else parser
     problems: list[str] = []
     program: list[str] = []
     try:

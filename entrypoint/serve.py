@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 
-from entrypoint import settings
+from entrypoint import gpus, settings
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.preflight import check_port_free, check_writable, gguf_preflight
@@ -68,6 +68,7 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
 
 def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
     """Everything before the exec that can fail: (rendered, watcher config, gguf exit code)."""
+    gpus.require_gpu()  # before the GGUF config extraction below, which can take minutes
     env = with_gguf_config(env)  # bare .gguf: config + tokenizer from the file (gguf_config.py)
     rendered = render(env)
     problems: list[str] = []
@@ -90,6 +91,7 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
             problems.extend(exc.problems)
     if port_check_on and not getattr(rendered.namespace, "uds", None):
         collect(check_port_free, rendered.namespace.host, rendered.namespace.port)
+    collect(gpus.require_enough_gpus, rendered.namespace)
     if problems:
         raise ConfigError(problems)
     return rendered, config, gguf_preflight(env, rendered.namespace)
