@@ -1,4 +1,5 @@
-"""The typer application: render, serve, probe, status, check-gguf, tiny-model, reserved.
+"""The typer application: render, serve, fetch-config, probe, status, check-gguf, tiny-model,
+reserved.
 
 Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
 """
@@ -79,6 +80,50 @@ def serve(env_file: EnvFiles = None) -> None:
         typer.echo(f"frontier-serve: error: GGUF preflight failed (exit {gguf_code})", err=True)
         raise typer.Exit(gguf_code)
     raise typer.Exit(exec_vllm(rendered, config))
+
+
+@app.command("fetch-config")
+def fetch_config(
+    repos: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="hub repo ids (owner/name); default: those SERVE_HF_CONFIG_PATH and "
+            "SERVE_TOKENIZER name"
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="branch, tag or commit of REPOS")
+    ] = None,
+    env_file: EnvFiles = None,
+) -> None:
+    """Fetch config and tokenizer files (never weights) of hub-named repos into the HF cache.
+
+    What `serve` does before its GGUF preflight, alone: for air-gapped hosts (run it where
+    the hub is reachable, with HF_HOME on the cache volume) and Kubernetes init containers.
+    Needs no GPU and does not import vLLM. HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE apply.
+    """
+    from entrypoint import hub_files
+
+    if repos:
+        wanted = hub_files.hub_repos(("repo", r, revision) for r in repos)
+        unknown = [r for r in repos if hub_files.hub_repo_id(r) is None]
+        if unknown:
+            fail(ConfigError([f"{r!r} is not a hub repo id (owner/name)" for r in unknown]))
+    else:
+        wanted = hub_files.repos_from_env(_environment(env_file))
+    if not wanted:
+        typer.echo(
+            "frontier-serve: nothing to fetch: SERVE_HF_CONFIG_PATH and SERVE_TOKENIZER "
+            "name no hub repo",
+            err=True,
+        )
+        return
+    try:
+        folders = hub_files.fetch_all(wanted)
+    except ConfigError as exc:
+        fail(exc)
+    for folder in folders.values():
+        typer.echo(str(folder))
 
 
 @app.command()

@@ -10,6 +10,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
 from entrypoint import settings
 from entrypoint.errors import ConfigError
@@ -61,13 +62,21 @@ def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
     return settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf) and is_gguf
 
 
-def gguf_preflight(env: Mapping[str, str], namespace: argparse.Namespace) -> int:
-    """0, or the GGUF check's exit code when the model is a .gguf file and checking is on."""
+def gguf_preflight(
+    env: Mapping[str, str],
+    namespace: argparse.Namespace,
+    fetched: Mapping[str, Path] | None = None,
+) -> int:
+    """0, or the GGUF check's exit code when the model is a .gguf file and checking is on.
+
+    `fetched` maps hub repo ids to the local folders `hub_files` put them in.
+    """
     model = namespace.model or ""
     if not wants_gguf_check(env, model):
         return 0
     hf_config = namespace.hf_config_path or os.path.dirname(os.path.abspath(model))
-    code = run_gguf_check(model, resolve_hf_config(hf_config))
+    local = (fetched or {}).get(hf_config)
+    code = run_gguf_check(model, str(local) if local else resolve_hf_config(hf_config))
     if code == GGUF_NO_LAYOUT and not env.get(settings.PREFLIGHT_GGUF):
         # On by default for every .gguf, but only GLM-5/DeepSeek layouts are
         # known: other architectures (e.g. Gemma) load without the preflight.

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from entrypoint import gpus, settings
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
+from entrypoint.hub_files import fetch_all, repos_from_namespace
 from entrypoint.preflight import check_port_free, check_writable, gguf_preflight
 from entrypoint.render import Rendered, render
 from entrypoint.statusfile import remove_quietly
@@ -94,7 +95,9 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
     collect(gpus.require_enough_gpus, rendered.namespace)
     if problems:
         raise ConfigError(problems)
-    return rendered, config, gguf_preflight(env, rendered.namespace)
+    # Hub-named config/tokenizer: after the cheap checks, since it may download.
+    fetched = fetch_all(repos_from_namespace(rendered.namespace))
+    return rendered, config, gguf_preflight(env, rendered.namespace, fetched)
 
 
 def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
