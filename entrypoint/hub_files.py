@@ -122,7 +122,7 @@ def _size(n: int | None) -> str:
 
 
 def _why(error: BaseException, offline: bool) -> str:
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     if offline:
         return "HF_HUB_OFFLINE is set, so only the cache is used"
@@ -131,6 +131,10 @@ def _why(error: BaseException, offline: bool) -> str:
     if isinstance(error, RepositoryNotFoundError):
         return "the hub has no such repo, or it is private and HF_TOKEN is missing or wrong"
     cause = error.__cause__ or error
+    response = getattr(cause, "response", None)
+    if isinstance(cause, HfHubHTTPError) and response is not None:
+        hint = ": check HF_TOKEN" if response.status_code in (401, 403) else ""
+        return f"the hub answered HTTP {response.status_code}{hint}"
     return f"the hub cannot be reached ({type(cause).__name__}: {str(cause)[:200]})"
 
 
@@ -158,7 +162,7 @@ def fetch_repo(repo: HubRepo, log: Log) -> Path:
             "point the setting at a local folder instead"
         ) from None
 
-    offline = constants.is_offline_mode()
+    offline = bool(constants.HF_HUB_OFFLINE)  # what huggingface_hub read from HF_HUB_OFFLINE
     where = f"{constants.ENDPOINT}/{repo.repo}" + (f"@{repo.revision}" if repo.revision else "")
     kwargs = {"revision": repo.revision, "allow_patterns": list(SMALL_FILES),
               "ignore_patterns": list(WEIGHTS)}  # fmt: skip

@@ -6,7 +6,9 @@ It serves one commit of each repo it is given, through the routes huggingface_hu
 - GET /api/models/{repo}/tree/{rev}?recursive=...: the file list, one page;
 - HEAD/GET /{repo}/resolve/{rev}/{file}: the file, with X-Repo-Commit, ETag and
   Content-Length, which `get_hf_file_metadata` reads.
-Every request is recorded, so a test can show which files were never asked for.
+Every request is recorded, so a test can show which files were never asked for. A repo
+in `private` answers only requests carrying its token (as `Authorization: Bearer`), and
+401 with X-Error-Code RepoNotFound otherwise, like the hub.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class StandInHub:
     url: str
     repos: dict[str, dict[str, bytes]]
+    private: dict[str, str] = field(default_factory=dict)  # repo -> the token it wants
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
 
     def requested_files(self) -> set[str]:
@@ -65,6 +68,9 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
         def _route(self, head: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append((self.command, path))
+            for repo, token in hub.private.items():
+                if f"/{repo}/" in path and self.headers.get("Authorization") != f"Bearer {token}":
+                    return self._send(401, b"{}", {"X-Error-Code": "RepoNotFound"}, head)
             if path.startswith("/api/models/"):
                 rest = path[len("/api/models/"):]
                 for repo, files in hub.repos.items():
@@ -102,8 +108,10 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def running_stand_in_hub(repos: dict[str, dict[str, bytes]]) -> Iterator[StandInHub]:
-    hub = StandInHub("", repos)
+def running_stand_in_hub(
+    repos: dict[str, dict[str, bytes]], private: dict[str, str] | None = None
+) -> Iterator[StandInHub]:
+    hub = StandInHub("", repos, dict(private or {}))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -130,6 +130,19 @@ def serve_settings(tmp_path: Path) -> dict[str, str]:
     return {"SERVE_HOST": "127.0.0.1", "SERVE_PORT": str(free_port()), "SERVE_READY_FILE": ready}
 
 
+@pytest.mark.process
+def test_hf_token_reaches_a_private_repo(tmp_path: Path) -> None:
+    private = "acme/private-glm"
+    with running_stand_in_hub({private: SMALL}, private={private: "hf_stand_in"}) as hub:
+        refused = run(hub_env(tmp_path, hub.url), "-m", "entrypoint", "fetch-config", private)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert "private and HF_TOKEN is missing or wrong" in refused.stderr
+        taken = run(hub_env(tmp_path, hub.url, HF_TOKEN="hf_stand_in"),
+                    "-m", "entrypoint", "fetch-config", private)  # fmt: skip
+        assert taken.returncode == 0, taken.stderr
+        assert hub.requested_files() == set(SMALL)
+
+
 SERVE_WITH_RECORDING_CHECK = """
 import json, os, sys, types
 check = types.ModuleType("entrypoint.gguf_check")
