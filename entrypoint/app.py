@@ -98,9 +98,9 @@ def fetch_config(
 ) -> None:
     """Fetch config and tokenizer files (never weights) of hub-named repos into the HF cache.
 
-    What `serve` does before its GGUF preflight, alone: for air-gapped hosts (run it where
-    the hub is reachable, with HF_HOME on the cache volume) and Kubernetes init containers.
-    Needs no GPU and does not import vLLM. HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE apply.
+    What `serve` does before its GGUF preflight, alone: for air-gapped hosts and init containers.
+
+    Needs no GPU and no vLLM. HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME apply.
     """
     from entrypoint import hub_files
 

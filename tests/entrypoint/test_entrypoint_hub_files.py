@@ -110,6 +110,18 @@ def test_offline_with_an_empty_cache_names_the_repo_and_the_prefetch(
 
 
 @pytest.mark.process
+def test_fetch_config_needs_neither_vllm_nor_torch(
+    stand_in_hub: StandInHub, tmp_path: Path
+) -> None:
+    """An init container without a GPU: the CUDA build's vLLM must not even be imported."""
+    code = ("import sys\nfrom entrypoint.cli import main\ntry:\n    main(['fetch-config', "
+            f"'{GLM}'])\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+            "print('heavy', [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules])")
+    result = run(hub_env(tmp_path, stand_in_hub.url), "-c", code)
+    assert result.stdout.splitlines()[-2:] == ["exit 0", "heavy []"], result.stderr
+
+
+@pytest.mark.process
 def test_hub_down_with_an_empty_cache_names_the_repo_and_the_prefetch(tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     result = fetch_config(hub_env(tmp_path, closed))

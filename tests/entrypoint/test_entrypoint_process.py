@@ -100,7 +100,8 @@ def test_probe_fails_without_ready_file(tmp_path: Path) -> None:
 def test_help_lists_commands() -> None:
     result = run_entrypoint("-m", "entrypoint", "--help")
     assert result.returncode == 0
-    for command in ("render", "serve", "probe", "status", "check-gguf", "tiny-model"):
+    commands = ("render", "serve", "fetch-config", "probe", "status", "check-gguf", "tiny-model")
+    for command in commands:
         assert command in result.stdout
 
 
