@@ -156,10 +156,9 @@ def is_device_inference_error(error: BaseException) -> bool:
 
 
 def _dp_ranks_here(namespace: argparse.Namespace) -> int:
-    """Data-parallel ranks this node runs, where vLLM's default is plain: all of them.
+    """Data-parallel ranks a single node runs; vLLM's plain default is all of them.
 
-    An external rank, Ray placement or several nodes count as 1, so no layout that vLLM
-    would accept is refused.
+    An external rank or Ray placement counts as 1, so no layout vLLM accepts is refused.
     """
     local = getattr(namespace, "data_parallel_size_local", None)
     if local is not None:
@@ -167,7 +166,6 @@ def _dp_ranks_here(namespace: argparse.Namespace) -> int:
     plain = (
         getattr(namespace, "data_parallel_rank", None) is None
         and getattr(namespace, "data_parallel_backend", "mp") != "ray"
-        and (getattr(namespace, "nnodes", None) or 1) == 1
     )
     return int(getattr(namespace, "data_parallel_size", None) or 1) if plain else 1
 
@@ -181,13 +179,16 @@ def gpus_needed(namespace: argparse.Namespace) -> tuple[int, str]:
     pcp = getattr(namespace, "prefill_context_parallel_size", None) or 1
     if pcp > 1:
         factors.append(("prefill-context-parallel", pcp))
-    dp = _dp_ranks_here(namespace)
+    nnodes = getattr(namespace, "nnodes", None) or 1
+    if nnodes > 1:  # --nnodes splits the whole world, all data-parallel ranks included
+        dp = getattr(namespace, "data_parallel_size", None) or 1
+    else:
+        dp = _dp_ranks_here(namespace)
     if dp > 1:
         factors.append(("data-parallel", dp))
     product = " × ".join(f"{name} {size}" for name, size in factors)
     needed = math.prod(size for _, size in factors)
-    nnodes = getattr(namespace, "nnodes", None) or 1
-    if nnodes > 1:  # --nnodes splits the world evenly over the nodes
+    if nnodes > 1:
         return math.ceil(needed / nnodes), f"{product} over {nnodes} nodes"
     return needed, product
 

@@ -225,6 +225,7 @@ def _ns(**kw: object) -> argparse.Namespace:
      ({"tensor_parallel_size": 2, "data_parallel_size": 4, "data_parallel_size_local": 1}, 2),
      ({"tensor_parallel_size": 2, "data_parallel_size": 4, "data_parallel_rank": 3}, 2),
      ({"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "nnodes": 2}, 8),
+     ({"tensor_parallel_size": 8, "data_parallel_size": 2, "nnodes": 2}, 8),
      ({"tensor_parallel_size": 2, "data_parallel_size": 4, "data_parallel_backend": "ray"}, 2)],
 )  # fmt: skip
 def test_gpus_needed_per_node(options: dict[str, object], needed: int) -> None:
