@@ -7,7 +7,7 @@ container was started, so they are reported up front with what to fix.
 
 `visible_gpu_count()` answers "how many"; `gpu_view()` and `vllm_is_cuda_build()` are
 the two hooks the checks call, looked up as module globals at call time, so
-`entrypoint.stand_in_gpu` (machines without a GPU) and tests replace them here.
+`tests.stand_in_gpu` (checks on machines without a GPU) and tests replace them here.
 """
 
 from __future__ import annotations

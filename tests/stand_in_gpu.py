@@ -3,7 +3,7 @@
 Never used by `serve`. On a host without a GPU the CUDA build of vLLM cannot build its
 argument parser ("Failed to infer device type"), so a profile cannot be rendered there.
 
-    python -m entrypoint.stand_in_gpu --gpus 8 render --env-file profiles/glm5.env
+    python -m tests.stand_in_gpu --gpus 8 render --env-file profiles/glm5.env
 
 runs `frontier-serve render` with vLLM's current platform set to a CUDA platform that
 answers without a device, and with `entrypoint.gpus` reporting a CUDA build and N GPUs.
@@ -75,7 +75,7 @@ def activate(count: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m entrypoint.stand_in_gpu",
+        prog="python -m tests.stand_in_gpu",
         description="Run `frontier-serve render` against a stand-in CUDA platform.",
     )
     parser.add_argument("--gpus", type=int, required=True, help="GPU count to report")
