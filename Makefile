@@ -11,7 +11,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
-        test-kernels bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
+        test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
         lint-deploy e2e check-image bench-build clean
 
 help: ## list the targets
@@ -50,15 +50,23 @@ test: venv lint ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest $(KERNEL_TESTS)
 	$(VPY) -m pytest $(addprefix --ignore=,$(KERNEL_TESTS))
 
+# On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py).
+# PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-n 8" where pytest-xdist is installed.
 test-kernels: ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
-	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider tests/kernels \
-		tests/backend/test_backend_kernel_call.py
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
+		tests/kernels tests/backend/test_backend_kernel_call.py
 
-bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (needs the package index)
-	$(PYTHON) tests/kernels/bench_sparse_mla.py prepare
+# vLLM's sparse_utils.py for the backend kernel-call tests, out of the pinned sdist
+# (sha256-checked) into tests/backend/pinned/, committed so it travels to GPU machines.
+kernel-upstream: ## re-extract tests/backend/pinned/sparse_utils.py.txt from the pinned vLLM sdist
+	$(PYTHON) tests/backend/pinned_upstream.py
 
+bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain python3 + pip, no torch)
+	$(PYTHON) tests/kernels/bench_peers.py
+
+BENCH_ARGS ?=
 bench-kernels: ## kernel benchmark table against the floor and the peers (GPU machine)
-	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) tests/kernels/bench_sparse_mla.py run
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) tests/kernels/bench_sparse_mla.py run $(BENCH_ARGS)
 
 summary: patch-check ## patch every upstream and print pins, series, digests and wheels
 	@$(PIPELINE) summary

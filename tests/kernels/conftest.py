@@ -6,7 +6,6 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 # Without a GPU the kernels can only run interpreted; triton.jit reads this
@@ -16,11 +15,6 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from gpu_guard import pytest_collection_modifyitems, pytest_runtest_makereport  # noqa: E402
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (this is the CPU tier)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+__all__ = ["pytest_collection_modifyitems", "pytest_runtest_makereport"]

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU test tier (SM120 fitness included), then the benchmark.
+# One call on the GPU machine: `make test-kernels` (every test; a gpu test that
+# skips fails), then the benchmark table. The benchmark compiles its builds in
+# parallel while the tests run and starts timing only once they have finished.
 # Usage (repo root): bash tests/kernels/device_check.sh [bench args...]
 # Logs go to $OUT when set (the device tool), else to ./.bench-out.
 set -uo pipefail
@@ -8,8 +10,28 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+xdist=""
+python3 -c 'import xdist' 2>/dev/null && xdist="-n ${TEST_JOBS:-6}"
+done_flag="$(mktemp -u)"
+(
+  if command -v make >/dev/null; then
+    timeout "${TEST_TIMEOUT:-300}" make test-kernels PYTHON=python3 PYTEST_ARGS="$xdist -rfEs"
+  else  # the same command as the Makefile's
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider $xdist -rfEs \
+      tests/kernels tests/backend/test_backend_kernel_call.py
+  fi >"$out/pytest.log" 2>&1
+  echo "pytest rc=$?" >>"$out/pytest.log"
+  touch "$done_flag"
+) &
+tests=$!
+timeout "${BENCH_TIMEOUT:-420}" python3 tests/kernels/bench_sparse_mla.py run --wait-for "$done_flag" "$@" \
+  >"$out/bench.log" 2>&1
+bench_rc=$?
+wait "$tests"
+tail -n 25 "$out/pytest.log"
+grep -E "^(device|ceilings|peers|prewarmed)|FAIL|Error" "$out/bench.log" | head -40
+sed -n '/^sparse MLA, topk/,$p' "$out/bench.log"
 rc=0
-timeout 240 python3 -m pytest tests/kernels -q -p no:cacheprovider --durations=5 2>&1 \
-  | tee "$out/pytest.log" | tail -25 || rc=1
-timeout 240 python3 tests/kernels/bench_sparse_mla.py run "$@" 2>&1 | tee "$out/bench.log" || rc=1
+grep -q "pytest rc=0" "$out/pytest.log" || rc=1
+[ "$bench_rc" -eq 0 ] || { echo "bench rc=$bench_rc"; rc=1; }
 exit $rc

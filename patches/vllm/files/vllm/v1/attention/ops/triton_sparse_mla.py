@@ -40,9 +40,13 @@ class SparseMLAConfig:
     num_stages: int
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
     idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
+    max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
 
     def launch_options(self) -> dict[str, int]:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.max_regs is not None:
+            opts["maxnreg"] = self.max_regs
+        return opts
 
     def smem_estimate(self, kv_bytes: int = 2) -> int:
         """Upper estimate of shared memory, calibrated on compiled SM90/SM120 builds.
@@ -79,7 +83,9 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
 _FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
 
 
-@triton.jit
+# The split count and head-block count change with the batch size; left
+# unspecialized so one build serves every CUDA-graph batch size.
+@triton.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
 def _sparse_mla_split_kernel(
     q_ptr,
     kv_ptr,
@@ -417,7 +423,8 @@ def _launch(
     cfg: SparseMLAConfig,
     num_splits: int | None,
     info: DeviceInfo,
-) -> None:
+) -> object:
+    """Launch split (and merge) kernels; returns the split kernel's build (None interpreted)."""
     num_tokens, num_heads, _ = q.shape
     topk = indices.shape[1]
     num_hblk = triton.cdiv(num_heads, cfg.block_h)
@@ -443,7 +450,7 @@ def _launch(
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
     grid = (num_tokens * num_splits * num_hblk,)
-    _sparse_mla_split_kernel[grid](
+    build = _sparse_mla_split_kernel[grid](
         q, kv_cache, indices, out, lse, po, plse,
         qk_scale, kv_scale,
         num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
@@ -468,6 +475,7 @@ def _launch(
             BLOCK_S=block_s, BLOCK_D=block_d, DV=D_LATENT,
             num_warps=4,
         )  # fmt: skip
+    return build
 
 
 def reference_sparse_mla(

