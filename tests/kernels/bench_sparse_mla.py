@@ -210,7 +210,9 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         c = mod.pick_config(case.b, case.h, info)
     else:
         nh = math.ceil(case.h / cfg.block_h)
-        s = mod.pick_num_splits(case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm)
+        s = mod.pick_num_splits(
+            case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
+        )
         numel = mod.workspace_numel(case.b, case.h, s)
         kw = {"config": cfg}
         c = cfg
@@ -225,7 +227,7 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
     )
     nh = math.ceil(case.h / c.block_h)
-    s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
+    s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm, c.max_splits)
     path = "direct" if s == 1 else "partial"
     return fns, (path, f"{build_report(build)} splits {s} programs {case.b * nh * s}")
 
@@ -324,21 +326,21 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
     # Registers / stack / shared for sm_90 of each were read on the CPU first
-    # (docs/sparse-mla-kernel-notes.md); spilling builds are left out.
+    # (docs/sparse-mla-kernel-notes.md); spilling builds are left out. pN: per_sm.
     return {
         "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
         "h16n16w4s4": (cfg(16, 16, 4, 4), few),
-        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168), few),
-        "h16n32w4s4p1": (cfg(16, 32, 4, 4, per_sm=1), few),
-        "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), lambda h: h >= 32),
-        "h32n16w8s4": (cfg(32, 16, 8, 4, per_sm=1), lambda h: h >= 32),
-        "h32n16w8s4r128p2": (cfg(32, 16, 8, 4, per_sm=2, max_regs=128), mid),
-        "h32n16w8s3_noahead": (cfg(32, 16, 8, 3, per_sm=1, idx_ahead=False), mid),
-        "h32n64w8s2_noahead": (cfg(32, 64, 8, 2, per_sm=1, idx_ahead=False), mid),
-        "h64n64w8s2_old": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
-        "h64n16w8s4": (cfg(64, 16, 8, 4, per_sm=1), lambda h: h >= 32),
-        "h64n16w8s3_noahead": (cfg(64, 16, 8, 3, per_sm=1, idx_ahead=False), many),
-        "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
+        "h16n16w4s4x64": (cfg(16, 16, 4, 4, max_splits=64), few),
+        "h16n16w4s4x32": (cfg(16, 16, 4, 4, max_splits=32), few),
+        "h16n32w4s5p1": (cfg(16, 32, 4, 5, per_sm=1), few),
+        "h16n32w4s6p1": (cfg(16, 32, 4, 6, per_sm=1), few),
+        "h32n32w8s4": (cfg(32, 32, 8, 4, per_sm=1), mid),
+        "h32n32w8s5": (cfg(32, 32, 8, 5, per_sm=1), mid),
+        "h32n32w8s6": (cfg(32, 32, 8, 6, per_sm=1), lambda h: h >= 32),
+        "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), mid),
+        "h64n16w8s5": (cfg(64, 16, 8, 5, per_sm=1), many),
+        "h64n16w8s6": (cfg(64, 16, 8, 6, per_sm=1), many),
+        "h64n32w8s4": (cfg(64, 32, 8, 4, per_sm=1), many),
     }
 
 

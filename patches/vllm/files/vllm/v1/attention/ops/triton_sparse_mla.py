@@ -41,6 +41,7 @@ class SparseMLAConfig:
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
     idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
     max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
+    max_splits: int = 0  # cap on split-K (0: none), e.g. fewer partials for a lone token
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -305,7 +306,13 @@ def pick_config(
 
 
 def pick_num_splits(
-    num_tokens: int, num_hblk: int, topk: int, block_n: int, num_sms: int, per_sm: int = 2
+    num_tokens: int,
+    num_hblk: int,
+    topk: int,
+    block_n: int,
+    num_sms: int,
+    per_sm: int = 2,
+    max_splits: int = 0,
 ) -> int:
     """Split top-k so that the grid is about one full wave of `per_sm` programs per SM.
 
@@ -314,6 +321,8 @@ def pick_num_splits(
     """
     base = num_tokens * num_hblk
     splits = max(1, min((per_sm * num_sms) // base, triton.cdiv(topk, block_n)))
+    if max_splits > 0:
+        splits = min(splits, max_splits)
     split_len = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     return triton.cdiv(topk, split_len)
 
@@ -334,7 +343,9 @@ def max_workspace_numel(
     sizes = [0]
     for cfg in candidate_configs(num_tokens, num_heads, info, kv_bytes):
         nh = triton.cdiv(num_heads, cfg.block_h)
-        splits = pick_num_splits(num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
+        splits = pick_num_splits(
+            num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
+        )
         sizes.append(workspace_numel(num_tokens, num_heads, splits))
     return max(sizes)
 
@@ -430,7 +441,7 @@ def _launch(
     num_hblk = triton.cdiv(num_heads, cfg.block_h)
     if num_splits is None:
         num_splits = pick_num_splits(
-            num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm
+            num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
         )
     split_len = triton.cdiv(triton.cdiv(topk, num_splits), cfg.block_n) * cfg.block_n
     num_splits = triton.cdiv(topk, split_len)
