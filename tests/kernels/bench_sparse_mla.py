@@ -326,21 +326,24 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
     # Registers / stack / shared for sm_90 of each were read on the CPU first
-    # (docs/sparse-mla-kernel-notes.md); spilling builds are left out. pN: per_sm.
+    # (docs/sparse-mla-kernel-notes.md). pN: per_sm; T: slot table (no slot
+    # loads in the loop, idx_ahead 0).
+    t = {"idx_ahead": 0, "slot_table": True}
     return {
         "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h16n16w4s4": (cfg(16, 16, 4, 4), few),
-        "h16n16w4s4x64": (cfg(16, 16, 4, 4, max_splits=64), few),
-        "h16n16w4s4x32": (cfg(16, 16, 4, 4, max_splits=32), few),
-        "h16n32w4s5p1": (cfg(16, 32, 4, 5, per_sm=1), few),
-        "h16n32w4s6p1": (cfg(16, 32, 4, 6, per_sm=1), few),
-        "h32n32w8s4": (cfg(32, 32, 8, 4, per_sm=1), mid),
-        "h32n32w8s5": (cfg(32, 32, 8, 5, per_sm=1), mid),
-        "h32n32w8s6": (cfg(32, 32, 8, 6, per_sm=1), lambda h: h >= 32),
+        "h16n32w4s3T": (cfg(16, 32, 4, 3, **t), lambda h: h <= 32),
+        "h16n32w4s4Tp1": (cfg(16, 32, 4, 4, per_sm=1, **t), few),
+        "h16n32w4s5Tp1": (cfg(16, 32, 4, 5, per_sm=1, **t), few),
+        "h16n16w4s4T": (cfg(16, 16, 4, 4, **t), few),
+        "h16n16w4s5T": (cfg(16, 16, 4, 5, **t), few),
+        "h32n32w8s4T": (cfg(32, 32, 8, 4, per_sm=1, **t), mid),
+        "h32n32w8s6T": (cfg(32, 32, 8, 6, per_sm=1, **t), lambda h: h >= 32),
         "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), mid),
-        "h64n16w8s5": (cfg(64, 16, 8, 5, per_sm=1), many),
-        "h64n16w8s6": (cfg(64, 16, 8, 6, per_sm=1), many),
-        "h64n32w8s4": (cfg(64, 32, 8, 4, per_sm=1), many),
+        "h32n64w8s3T": (cfg(32, 64, 8, 3, per_sm=1, **t), lambda h: h >= 32),
+        "h64n32w8s3T": (cfg(64, 32, 8, 3, per_sm=1, **t), many),
+        "h64n32w8s4T": (cfg(64, 32, 8, 4, per_sm=1, **t), many),
+        "h64n16w8s6T": (cfg(64, 16, 8, 6, per_sm=1, **t), many),
+        "h64n64w8s2T": (cfg(64, 64, 8, 2, per_sm=1, **t), many),
     }
 
 

@@ -144,7 +144,7 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                     "DOT_F32": False,
                 }
                 shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
-                shape += " ahead" if cfg.idx_ahead else ""
+                shape += f" ahead{int(cfg.idx_ahead)}" if cfg.idx_ahead else ""
                 mode = "direct" if direct else "partial"
                 name = f"split {shape} {kv_dtype} {mode}"
                 out.append((name, False, ce, cfg.launch_options(), kv_dtype))

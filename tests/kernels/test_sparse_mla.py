@@ -197,8 +197,11 @@ def test_cuda_graph_replay() -> None:
     "cfg",
     [
         mod.SparseMLAConfig(16, 16, 4, 4),
-        mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=False),
-        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
+        mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=0),
+        mod.SparseMLAConfig(16, 16, 4, 3, idx_ahead=2),
+        mod.SparseMLAConfig(16, 16, 4, 4, idx_ahead=0, slot_table=True),
+        mod.SparseMLAConfig(32, 32, 8, 3, per_sm=1, idx_ahead=0, slot_table=True),
+        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=0),
     ],
     ids=repr,
 )

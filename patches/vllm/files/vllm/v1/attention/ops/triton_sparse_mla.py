@@ -39,9 +39,13 @@ class SparseMLAConfig:
     num_warps: int
     num_stages: int
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
-    idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
+    # Tiles ahead whose slots are already in registers (0, 1 or 2): with 2 the
+    # gather of tile i+1 can start as soon as tile i starts (see the kernel).
+    idx_ahead: int = 1
     max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
     max_splits: int = 0  # cap on split-K (0: none), e.g. fewer partials for a lone token
+    # Hold all slots of the split in registers, read once before the loop (see kernel).
+    slot_table: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -118,6 +122,7 @@ def _sparse_mla_split_kernel(
     DR: tl.constexpr,
     DIRECT: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
+    SLOT_TILES: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     # Head blocks of one (token, split) are adjacent program ids, so they run
@@ -146,22 +151,50 @@ def _sparse_mla_split_kernel(
     start = sp * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, TOPK)
     idx_row = idx_ptr + t * stride_it
-    # IDX_AHEAD: the slots of tile i+1 are read during tile i, so the gather
-    # address does not hang off a load in its own iteration; only then does
-    # Triton's pipeliner double-buffer the gathered tiles (num_stages >= 3).
-    # It costs registers, which the 64-head tiles cannot spare.
-    if IDX_AHEAD:
-        offs_n = start + tl.arange(0, BLOCK_N)
-        slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+    # IDX_AHEAD: slots are read that many tiles before their rows, so the
+    # gather address does not hang off a load in its own iteration; only then
+    # does Triton's pipeliner double-buffer the gathered tiles (num_stages >= 3).
+    # With 1, the pipelined gather of tile i+1 still waits, inside iteration i,
+    # for the slot load issued there (one idx latency per tile); with 2 those
+    # slots arrived during iteration i-1. It costs registers, which the
+    # 64-head tiles cannot always spare.
+    offs_a = tl.arange(0, BLOCK_N)
+    # SLOT_TILES > 0: every slot of the split ([SLOT_TILES, BLOCK_N], the split
+    # rounded up to a power of two) is read once before the loop; a tile's
+    # slots are then picked out in registers, so no gather address depends on
+    # a load of the loop, and the pipeliner can issue gathers num_stages - 1
+    # tiles ahead with no slot-load latency between tiles.
+    if SLOT_TILES > 0:
+        offs_t = tl.arange(0, SLOT_TILES)
+        pos = start + offs_t[:, None] * BLOCK_N + offs_a[None, :]
+        table = tl.load(idx_row + pos, mask=pos < end, other=-1)
     else:
-        slot_next = tl.full([BLOCK_N], -1, dtype=tl.int32)
+        offs_t = tl.arange(0, 1)
+        table = tl.full([1, BLOCK_N], -1, dtype=tl.int32)
+    if IDX_AHEAD >= 1:
+        slot_n1 = tl.load(idx_row + start + offs_a, mask=start + offs_a < end, other=-1)
+    else:
+        slot_n1 = tl.full([BLOCK_N], -1, dtype=tl.int32)
+    if IDX_AHEAD >= 2:
+        offs_n = start + BLOCK_N + offs_a
+        slot_n2 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+    else:
+        slot_n2 = tl.full([BLOCK_N], -1, dtype=tl.int32)
     for n0 in range(start, end, BLOCK_N):
-        if IDX_AHEAD:
-            slot = slot_next
-            offs_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
-            slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        if SLOT_TILES > 0:
+            j = (n0 - start) // BLOCK_N
+            slot = tl.sum(tl.where(offs_t[:, None] == j, table, 0), axis=0)
+        elif IDX_AHEAD >= 2:
+            slot = slot_n1
+            slot_n1 = slot_n2
+            offs_n = n0 + 2 * BLOCK_N + offs_a
+            slot_n2 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        elif IDX_AHEAD == 1:
+            slot = slot_n1
+            offs_n = n0 + BLOCK_N + offs_a
+            slot_n1 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
         else:
-            offs_n = n0 + tl.arange(0, BLOCK_N)
+            offs_n = n0 + offs_a
             slot = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
         valid = slot >= 0
         slot = tl.where(valid, slot, 0).to(tl.int64)
@@ -327,6 +360,11 @@ def pick_num_splits(
     return triton.cdiv(topk, split_len)
 
 
+def slot_tiles(cfg: SparseMLAConfig, split_len: int) -> int:
+    """SLOT_TILES for a launch: tiles of one split, a power of two (0 without a table)."""
+    return triton.next_power_of_2(triton.cdiv(split_len, cfg.block_n)) if cfg.slot_table else 0
+
+
 def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
     """fp32 elements of the split-K workspace: partial outputs then partial lse."""
     if num_splits <= 1:
@@ -471,7 +509,8 @@ def _launch(
         out.stride(0), out.stride(1),
         lse.stride(0), lse.stride(1),
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
-        IDX_AHEAD=cfg.idx_ahead,
+        IDX_AHEAD=int(cfg.idx_ahead),
+        SLOT_TILES=slot_tiles(cfg, split_len),
         DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
         **cfg.launch_options(),
     )  # fmt: skip
