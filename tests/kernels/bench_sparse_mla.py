@@ -327,23 +327,20 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     many = lambda h: h >= 64  # noqa: E731
     # Registers / stack / shared for sm_90 of each were read on the CPU first
     # (docs/sparse-mla-kernel-notes.md). pN: per_sm; T: slot table (no slot
-    # loads in the loop, idx_ahead 0).
+    # loads in the loop, idx_ahead 0); S: swap_ab (kv q^T on wgmma).
     t = {"idx_ahead": 0, "slot_table": True}
     return {
         "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h16n32w4s3T": (cfg(16, 32, 4, 3, **t), lambda h: h <= 32),
-        "h16n32w4s4Tp1": (cfg(16, 32, 4, 4, per_sm=1, **t), few),
-        "h16n32w4s5Tp1": (cfg(16, 32, 4, 5, per_sm=1, **t), few),
-        "h16n16w4s4T": (cfg(16, 16, 4, 4, **t), few),
-        "h16n16w4s5T": (cfg(16, 16, 4, 5, **t), few),
-        "h32n32w8s4T": (cfg(32, 32, 8, 4, per_sm=1, **t), mid),
-        "h32n32w8s6T": (cfg(32, 32, 8, 6, per_sm=1, **t), lambda h: h >= 32),
-        "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), mid),
-        "h32n64w8s3T": (cfg(32, 64, 8, 3, per_sm=1, **t), lambda h: h >= 32),
-        "h64n32w8s3T": (cfg(64, 32, 8, 3, per_sm=1, **t), many),
-        "h64n32w8s4T": (cfg(64, 32, 8, 4, per_sm=1, **t), many),
-        "h64n16w8s6T": (cfg(64, 16, 8, 6, per_sm=1, **t), many),
-        "h64n64w8s2T": (cfg(64, 64, 8, 2, per_sm=1, **t), many),
+        "h16n64w8s3S": (cfg(16, 64, 8, 3, per_sm=1, swap_ab=True), few),
+        "h16n64w8s3ST": (cfg(16, 64, 8, 3, per_sm=1, swap_ab=True, **t), few),
+        "h16n64w4s3S": (cfg(16, 64, 4, 3, per_sm=1, swap_ab=True), few),
+        "h16n64w8s2S": (cfg(16, 64, 8, 2, per_sm=1, swap_ab=True), few),
+        "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
+        "h32n64w8s3S": (cfg(32, 64, 8, 3, per_sm=1, swap_ab=True), mid),
+        "h32n64w8s3ST": (cfg(32, 64, 8, 3, per_sm=1, swap_ab=True, **t), mid),
+        "h32n64w8s2S": (cfg(32, 64, 8, 2, per_sm=1, swap_ab=True), mid),
+        "h64n64w8s2S": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=0, swap_ab=True), many),
+        "h64n32w8s3S": (cfg(64, 32, 8, 3, per_sm=1, swap_ab=True), many),
     }
 
 

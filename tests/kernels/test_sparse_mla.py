@@ -202,6 +202,8 @@ def test_cuda_graph_replay() -> None:
         mod.SparseMLAConfig(16, 16, 4, 4, idx_ahead=0, slot_table=True),
         mod.SparseMLAConfig(32, 32, 8, 3, per_sm=1, idx_ahead=0, slot_table=True),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=0),
+        mod.SparseMLAConfig(16, 64, 8, 3, per_sm=1, swap_ab=True),
+        mod.SparseMLAConfig(32, 64, 8, 3, per_sm=1, idx_ahead=0, slot_table=True, swap_ab=True),
     ],
     ids=repr,
 )

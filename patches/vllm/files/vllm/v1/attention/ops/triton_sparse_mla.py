@@ -46,6 +46,8 @@ class SparseMLAConfig:
     max_splits: int = 0  # cap on split-K (0: none), e.g. fewer partials for a lone token
     # Hold all slots of the split in registers, read once before the loop (see kernel).
     slot_table: bool = False
+    # Transposed products (kv rows are the MMA's M): see the kernel's SWAP_AB.
+    swap_ab: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -123,6 +125,7 @@ def _sparse_mla_split_kernel(
     DIRECT: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
     SLOT_TILES: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     # Head blocks of one (token, split) are adjacent program ids, so they run
@@ -137,16 +140,25 @@ def _sparse_mla_split_kernel(
     mask_h = offs_h < H
     offs_c = tl.arange(0, DV)
     offs_r = tl.arange(0, DR)
-    q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
-    q_c = tl.load(q_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
-    q_pe = tl.load(q_rows + DV + offs_r[None, :], mask=mask_h[:, None], other=0.0)
+    # SWAP_AB computes s^T = kv q^T: the gathered rows are the MMA's M (>= 64
+    # on SM90 gives wgmma, both operands read from shared memory by the tensor
+    # cores) and the heads its N. Without it q is the A operand of mma.sync,
+    # which every warp re-reads from shared memory on every tile.
+    if SWAP_AB:
+        q_rows = q_ptr + t * stride_qt + offs_h[None, :] * stride_qh
+        q_c = tl.load(q_rows + offs_c[:, None], mask=mask_h[None, :], other=0.0)  # [DV, H]
+        q_pe = tl.load(q_rows + DV + offs_r[:, None], mask=mask_h[None, :], other=0.0)
+    else:
+        q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
+        q_c = tl.load(q_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+        q_pe = tl.load(q_rows + DV + offs_r[None, :], mask=mask_h[:, None], other=0.0)
+    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
     if DOT_F32:  # the CPU interpreter computes bf16 tl.dot wrongly (triton 3.9)
         q_c = q_c.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
 
     start = sp * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, TOPK)
@@ -204,8 +216,13 @@ def _sparse_mla_split_kernel(
         kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
         kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
         kv = kv.to(q_c.dtype)
-        qk = tl.dot(q_c, tl.trans(kv))
-        qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
+        if SWAP_AB:
+            st = tl.dot(kv, q_c)  # [BLOCK_N, BLOCK_H]
+            st = tl.dot(kpe.to(q_c.dtype), q_pe, st)
+            qk = tl.trans(st)
+        else:
+            qk = tl.dot(q_c, tl.trans(kv))
+            qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
         qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A row with nothing valid yet keeps m = -inf; subtract 0 instead so
@@ -219,8 +236,11 @@ def _sparse_mla_split_kernel(
         m_i = m_new
 
     has = l_i > 0.0
-    out = acc * (v_scale / tl.where(has, l_i, 1.0))[:, None]
+    inv = v_scale / tl.where(has, l_i, 1.0)
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
+    row = (t * H + offs_h) * NUM_SPLITS + sp
+    out = acc * inv[:, None]
     if DIRECT:
         o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
@@ -228,8 +248,6 @@ def _sparse_mla_split_kernel(
             lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=mask_h
         )
     else:
-        # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
-        row = (t * H + offs_h) * NUM_SPLITS + sp
         tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], out, mask=mask_h[:, None])
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
@@ -511,6 +529,7 @@ def _launch(
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
         IDX_AHEAD=int(cfg.idx_ahead),
         SLOT_TILES=slot_tiles(cfg, split_len),
+        SWAP_AB=cfg.swap_ab,
         DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
         **cfg.launch_options(),
     )  # fmt: skip

@@ -1,0 +1,45 @@
+"""Run one sparse-MLA config on one cell, for a profiler (GPU machine).
+
+  ncu --clock-control none -k regex:_sparse_mla_split -c 1 -s 2 \\
+      python3 tests/kernels/profile_sparse_mla.py --heads 32 --tokens 128 --config 32,64,8,3,1
+
+--config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm]; without it
+the launch-time choice runs. Three launches: two warm-ups, then the profiled one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kernel_loader import load_kernel_module  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--config", default="")
+    ap.add_argument("--slots", type=int, default=1 << 21)
+    args = ap.parse_args()
+    mod = load_kernel_module()
+    cfg = None
+    if args.config:
+        f = [int(x) for x in args.config.split(",")]
+        cfg = mod.SparseMLAConfig(*f[:4], idx_ahead=f[4], per_sm=f[5] if len(f) > 5 else 2)
+    kv = torch.randn(args.slots, 1, 576, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(args.tokens, args.heads, 576, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # fresh slots each launch: no L2 reuse between them
+        idx = torch.randint(0, args.slots, (args.tokens, 2048), device="cuda", dtype=torch.int32)
+        mod.sparse_mla_fwd(q, kv, idx, 1 / math.sqrt(576), config=cfg)
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
