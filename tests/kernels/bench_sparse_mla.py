@@ -210,9 +210,7 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         c = mod.pick_config(case.b, case.h, info)
     else:
         nh = math.ceil(case.h / cfg.block_h)
-        s = mod.pick_num_splits(
-            case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
-        )
+        s = mod.pick_num_splits(case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm)
         numel = mod.workspace_numel(case.b, case.h, s)
         kw = {"config": cfg}
         c = cfg
@@ -227,7 +225,7 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
     )
     nh = math.ceil(case.h / c.block_h)
-    s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm, c.max_splits)
+    s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
     path = "direct" if s == 1 else "partial"
     return fns, (path, f"{build_report(build)} splits {s} programs {case.b * nh * s}")
 
@@ -325,22 +323,15 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     few = lambda h: h <= 16  # noqa: E731
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
-    # Registers / stack / shared for sm_90 of each were read on the CPU first
-    # (docs/sparse-mla-kernel-notes.md). pN: per_sm; T: slot table (no slot
-    # loads in the loop, idx_ahead 0); S: swap_ab (kv q^T on wgmma).
-    t = {"idx_ahead": 0, "slot_table": True}
+    # The runner-up of each cell in the sweeps of docs/sparse-mla-kernel-notes.md.
     return {
         "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h16n64w8s3S": (cfg(16, 64, 8, 3, per_sm=1, swap_ab=True), few),
-        "h16n64w8s3ST": (cfg(16, 64, 8, 3, per_sm=1, swap_ab=True, **t), few),
-        "h16n64w4s3S": (cfg(16, 64, 4, 3, per_sm=1, swap_ab=True), few),
-        "h16n64w8s2S": (cfg(16, 64, 8, 2, per_sm=1, swap_ab=True), few),
+        "h16n16w4s4": (cfg(16, 16, 4, 4), few),
+        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168), few),
         "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
-        "h32n64w8s3S": (cfg(32, 64, 8, 3, per_sm=1, swap_ab=True), mid),
-        "h32n64w8s3ST": (cfg(32, 64, 8, 3, per_sm=1, swap_ab=True, **t), mid),
-        "h32n64w8s2S": (cfg(32, 64, 8, 2, per_sm=1, swap_ab=True), mid),
-        "h64n64w8s2S": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=0, swap_ab=True), many),
-        "h64n32w8s3S": (cfg(64, 32, 8, 3, per_sm=1, swap_ab=True), many),
+        "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), mid),
+        "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
+        "h16n64w8s2": (cfg(16, 64, 8, 2), many),
     }
 
 

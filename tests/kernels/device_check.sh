@@ -24,8 +24,12 @@ done_flag="$(mktemp -u)"
   touch "$done_flag"
 ) &
 tests=$!
-timeout "${BENCH_TIMEOUT:-420}" python3 tests/kernels/bench_sparse_mla.py run --wait-for "$done_flag" "$@" \
-  >"$out/bench.log" 2>&1
+bench_args="--wait-for $done_flag $*"
+if command -v make >/dev/null; then
+  timeout "${BENCH_TIMEOUT:-420}" make bench-kernels PYTHON=python3 BENCH_ARGS="$bench_args"
+else
+  timeout "${BENCH_TIMEOUT:-420}" python3 tests/kernels/bench_sparse_mla.py run $bench_args
+fi >"$out/bench.log" 2>&1
 bench_rc=$?
 wait "$tests"
 tail -n 25 "$out/pytest.log"

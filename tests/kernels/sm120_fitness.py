@@ -140,15 +140,11 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                     "DV": mod.D_LATENT,
                     "DR": mod.D_ROPE,
                     "DIRECT": direct,
-                    "IDX_AHEAD": int(cfg.idx_ahead),
-                    "SLOT_TILES": mod.slot_tiles(cfg, 2048),
-                    "SWAP_AB": cfg.swap_ab,
+                    "IDX_AHEAD": cfg.idx_ahead,
                     "DOT_F32": False,
                 }
                 shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
-                shape += f" ahead{int(cfg.idx_ahead)}" if cfg.idx_ahead else ""
-                shape += " table" if cfg.slot_table else ""
-                shape += " swap" if cfg.swap_ab else ""
+                shape += " ahead" if cfg.idx_ahead else ""
                 mode = "direct" if direct else "partial"
                 name = f"split {shape} {kv_dtype} {mode}"
                 out.append((name, False, ce, cfg.launch_options(), kv_dtype))

@@ -39,15 +39,8 @@ class SparseMLAConfig:
     num_warps: int
     num_stages: int
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
-    # Tiles ahead whose slots are already in registers (0, 1 or 2): with 2 the
-    # gather of tile i+1 can start as soon as tile i starts (see the kernel).
-    idx_ahead: int = 1
+    idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
     max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
-    max_splits: int = 0  # cap on split-K (0: none), e.g. fewer partials for a lone token
-    # Hold all slots of the split in registers, read once before the loop (see kernel).
-    slot_table: bool = False
-    # Transposed products (kv rows are the MMA's M): see the kernel's SWAP_AB.
-    swap_ab: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -77,6 +70,10 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     # 93 KiB and 254 registers: two programs per SM, each with two tiles in flight.
     "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=2),
     "h16_n64": SparseMLAConfig(16, 64, 8, 2, per_sm=2),
+    # 17-32 heads: one gathered 64-row tile feeds all 32 heads (184 KiB, 174
+    # registers, one program per SM); 64 rows a step amortise the per-step
+    # cost (q re-read from shared memory by every warp, the slot load).
+    "h32_n64": SparseMLAConfig(32, 64, 8, 3, per_sm=1),
     # Many heads: one gathered tile feeds 64 heads (221 KiB, one program per SM).
     "h64_n64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
 }
@@ -124,8 +121,6 @@ def _sparse_mla_split_kernel(
     DR: tl.constexpr,
     DIRECT: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
-    SLOT_TILES: tl.constexpr,
-    SWAP_AB: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     # Head blocks of one (token, split) are adjacent program ids, so they run
@@ -140,73 +135,36 @@ def _sparse_mla_split_kernel(
     mask_h = offs_h < H
     offs_c = tl.arange(0, DV)
     offs_r = tl.arange(0, DR)
-    # SWAP_AB computes s^T = kv q^T: the gathered rows are the MMA's M (>= 64
-    # on SM90 gives wgmma, both operands read from shared memory by the tensor
-    # cores) and the heads its N. Without it q is the A operand of mma.sync,
-    # which every warp re-reads from shared memory on every tile.
-    if SWAP_AB:
-        q_rows = q_ptr + t * stride_qt + offs_h[None, :] * stride_qh
-        q_c = tl.load(q_rows + offs_c[:, None], mask=mask_h[None, :], other=0.0)  # [DV, H]
-        q_pe = tl.load(q_rows + DV + offs_r[:, None], mask=mask_h[None, :], other=0.0)
-    else:
-        q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
-        q_c = tl.load(q_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
-        q_pe = tl.load(q_rows + DV + offs_r[None, :], mask=mask_h[:, None], other=0.0)
-    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
+    q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
+    q_c = tl.load(q_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+    q_pe = tl.load(q_rows + DV + offs_r[None, :], mask=mask_h[:, None], other=0.0)
     if DOT_F32:  # the CPU interpreter computes bf16 tl.dot wrongly (triton 3.9)
         q_c = q_c.to(tl.float32)
         q_pe = q_pe.to(tl.float32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
 
     start = sp * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, TOPK)
     idx_row = idx_ptr + t * stride_it
-    # IDX_AHEAD: slots are read that many tiles before their rows, so the
-    # gather address does not hang off a load in its own iteration; only then
-    # does Triton's pipeliner double-buffer the gathered tiles (num_stages >= 3).
-    # With 1, the pipelined gather of tile i+1 still waits, inside iteration i,
-    # for the slot load issued there (one idx latency per tile); with 2 those
-    # slots arrived during iteration i-1. It costs registers, which the
-    # 64-head tiles cannot always spare.
-    offs_a = tl.arange(0, BLOCK_N)
-    # SLOT_TILES > 0: every slot of the split ([SLOT_TILES, BLOCK_N], the split
-    # rounded up to a power of two) is read once before the loop; a tile's
-    # slots are then picked out in registers, so no gather address depends on
-    # a load of the loop, and the pipeliner can issue gathers num_stages - 1
-    # tiles ahead with no slot-load latency between tiles.
-    if SLOT_TILES > 0:
-        offs_t = tl.arange(0, SLOT_TILES)
-        pos = start + offs_t[:, None] * BLOCK_N + offs_a[None, :]
-        table = tl.load(idx_row + pos, mask=pos < end, other=-1)
+    # IDX_AHEAD: the slots of tile i+1 are read during tile i, so the gather
+    # address does not hang off a load in its own iteration; only then does
+    # Triton's pipeliner double-buffer the gathered tiles (num_stages >= 3).
+    # It costs registers, which the 64-head tiles cannot spare.
+    if IDX_AHEAD:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
     else:
-        offs_t = tl.arange(0, 1)
-        table = tl.full([1, BLOCK_N], -1, dtype=tl.int32)
-    if IDX_AHEAD >= 1:
-        slot_n1 = tl.load(idx_row + start + offs_a, mask=start + offs_a < end, other=-1)
-    else:
-        slot_n1 = tl.full([BLOCK_N], -1, dtype=tl.int32)
-    if IDX_AHEAD >= 2:
-        offs_n = start + BLOCK_N + offs_a
-        slot_n2 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
-    else:
-        slot_n2 = tl.full([BLOCK_N], -1, dtype=tl.int32)
+        slot_next = tl.full([BLOCK_N], -1, dtype=tl.int32)
     for n0 in range(start, end, BLOCK_N):
-        if SLOT_TILES > 0:
-            j = (n0 - start) // BLOCK_N
-            slot = tl.sum(tl.where(offs_t[:, None] == j, table, 0), axis=0)
-        elif IDX_AHEAD >= 2:
-            slot = slot_n1
-            slot_n1 = slot_n2
-            offs_n = n0 + 2 * BLOCK_N + offs_a
-            slot_n2 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
-        elif IDX_AHEAD == 1:
-            slot = slot_n1
-            offs_n = n0 + BLOCK_N + offs_a
-            slot_n1 = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        if IDX_AHEAD:
+            slot = slot_next
+            offs_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
         else:
-            offs_n = n0 + offs_a
+            offs_n = n0 + tl.arange(0, BLOCK_N)
             slot = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
         valid = slot >= 0
         slot = tl.where(valid, slot, 0).to(tl.int64)
@@ -216,13 +174,8 @@ def _sparse_mla_split_kernel(
         kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
         kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
         kv = kv.to(q_c.dtype)
-        if SWAP_AB:
-            st = tl.dot(kv, q_c)  # [BLOCK_N, BLOCK_H]
-            st = tl.dot(kpe.to(q_c.dtype), q_pe, st)
-            qk = tl.trans(st)
-        else:
-            qk = tl.dot(q_c, tl.trans(kv))
-            qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
+        qk = tl.dot(q_c, tl.trans(kv))
+        qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
         qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # A row with nothing valid yet keeps m = -inf; subtract 0 instead so
@@ -236,11 +189,8 @@ def _sparse_mla_split_kernel(
         m_i = m_new
 
     has = l_i > 0.0
-    inv = v_scale / tl.where(has, l_i, 1.0)
+    out = acc * (v_scale / tl.where(has, l_i, 1.0))[:, None]
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
-    row = (t * H + offs_h) * NUM_SPLITS + sp
-    out = acc * inv[:, None]
     if DIRECT:
         o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
@@ -248,6 +198,8 @@ def _sparse_mla_split_kernel(
             lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=mask_h
         )
     else:
+        # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
+        row = (t * H + offs_h) * NUM_SPLITS + sp
         tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], out, mask=mask_h[:, None])
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
@@ -320,10 +272,10 @@ def candidate_configs(
     arguments only (about 10 us of Python per call otherwise).
 
     Chosen from H200 sweeps (docs/sparse-mla-kernel-notes.md): a lone token
-    takes 16-row tiles so split-K reaches 128 programs; 64-head blocks win
-    from 16 tokens up because one gathered tile then feeds all heads; the
-    rest takes double-buffered 32-row tiles. 99 KiB parts (SM120) get the
-    same shapes cut to fit, untimed there.
+    takes 16-row tiles so split-K reaches 128 programs; 32- and 64-head
+    blocks win from 16 tokens up because one gathered tile then feeds all
+    heads; the rest takes double-buffered 32-row tiles. 99 KiB parts (SM120)
+    get the same shapes cut to fit, untimed there.
     """
     alone = num_tokens * triton.cdiv(num_heads, 16) == 1
     if info.smem_bytes >= 2 * SMALL_SMEM_BYTES:
@@ -332,6 +284,8 @@ def candidate_configs(
             order = ["h16_n16", "h16_n32"]
         elif num_heads >= 64 and num_tokens >= 16:
             order = ["h64_n64", "h16_n32"]
+        elif num_heads > 16 and num_tokens >= 16:
+            order = ["h32_n64", "h16_n32"]
         elif num_heads >= 64:
             order = ["h16_n64", "h16_n32"]
         else:
@@ -357,13 +311,7 @@ def pick_config(
 
 
 def pick_num_splits(
-    num_tokens: int,
-    num_hblk: int,
-    topk: int,
-    block_n: int,
-    num_sms: int,
-    per_sm: int = 2,
-    max_splits: int = 0,
+    num_tokens: int, num_hblk: int, topk: int, block_n: int, num_sms: int, per_sm: int = 2
 ) -> int:
     """Split top-k so that the grid is about one full wave of `per_sm` programs per SM.
 
@@ -372,15 +320,8 @@ def pick_num_splits(
     """
     base = num_tokens * num_hblk
     splits = max(1, min((per_sm * num_sms) // base, triton.cdiv(topk, block_n)))
-    if max_splits > 0:
-        splits = min(splits, max_splits)
     split_len = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     return triton.cdiv(topk, split_len)
-
-
-def slot_tiles(cfg: SparseMLAConfig, split_len: int) -> int:
-    """SLOT_TILES for a launch: tiles of one split, a power of two (0 without a table)."""
-    return triton.next_power_of_2(triton.cdiv(split_len, cfg.block_n)) if cfg.slot_table else 0
 
 
 def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
@@ -399,9 +340,7 @@ def max_workspace_numel(
     sizes = [0]
     for cfg in candidate_configs(num_tokens, num_heads, info, kv_bytes):
         nh = triton.cdiv(num_heads, cfg.block_h)
-        splits = pick_num_splits(
-            num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
-        )
+        splits = pick_num_splits(num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
         sizes.append(workspace_numel(num_tokens, num_heads, splits))
     return max(sizes)
 
@@ -497,7 +436,7 @@ def _launch(
     num_hblk = triton.cdiv(num_heads, cfg.block_h)
     if num_splits is None:
         num_splits = pick_num_splits(
-            num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm, cfg.max_splits
+            num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm
         )
     split_len = triton.cdiv(triton.cdiv(topk, num_splits), cfg.block_n) * cfg.block_n
     num_splits = triton.cdiv(topk, split_len)
@@ -527,9 +466,7 @@ def _launch(
         out.stride(0), out.stride(1),
         lse.stride(0), lse.stride(1),
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
-        IDX_AHEAD=int(cfg.idx_ahead),
-        SLOT_TILES=slot_tiles(cfg, split_len),
-        SWAP_AB=cfg.swap_ab,
+        IDX_AHEAD=cfg.idx_ahead,
         DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
         **cfg.launch_options(),
     )  # fmt: skip
