@@ -327,6 +327,8 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     return {
         "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
         "h16n16w4s4": (cfg(16, 16, 4, 4), few),
+        "h16n16w4s4_nopdl": (cfg(16, 16, 4, 4, pdl=False), few),
+        "h16n32w4s3_nopdl": (cfg(16, 32, 4, 3, pdl=False), lambda h: h <= 32),
         "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168), few),
         "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
         "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), mid),

@@ -141,6 +141,7 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                     "DR": mod.D_ROPE,
                     "DIRECT": direct,
                     "IDX_AHEAD": cfg.idx_ahead,
+                    "USE_PDL": cfg.pdl and not direct,
                     "DOT_F32": False,
                 }
                 shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
@@ -150,7 +151,7 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                 out.append((name, False, ce, cfg.launch_options(), kv_dtype))
     for block_s in (2, 4, 8, 16, 32, 64, 128, 256):
         block_d = min(mod.D_LATENT, max(32, 8192 // block_s))
-        ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT}
+        ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT, "USE_PDL": True}
         out.append((f"merge s{block_s} d{block_d}", True, ce, {"num_warps": 4}, "bf16"))
     return out
 

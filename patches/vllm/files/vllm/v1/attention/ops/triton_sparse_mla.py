@@ -23,6 +23,14 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+try:  # programmatic dependent launch (SM90+); Triton >= 3.4 has it
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GDC = True
+except ImportError:  # pragma: no cover - older Triton
+    gdc_launch_dependents = gdc_wait = None
+    _HAS_GDC = False
+
 D_LATENT = 512  # V width and the no-rope part of K
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
@@ -41,6 +49,7 @@ class SparseMLAConfig:
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
     idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
     max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
+    pdl: bool = True  # launch the merge as a programmatic dependent of the split kernel
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -121,8 +130,11 @@ def _sparse_mla_split_kernel(
     DR: tl.constexpr,
     DIRECT: tl.constexpr,
     IDX_AHEAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    if USE_PDL:  # let the merge kernel's programs launch now; they wait for this grid
+        gdc_launch_dependents()
     # Head blocks of one (token, split) are adjacent program ids, so they run
     # together and all but the first read the gathered rows from L2.
     pid = tl.program_id(0)
@@ -219,7 +231,10 @@ def _sparse_mla_merge_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the splits
+        gdc_wait()
     pid = tl.program_id(0).to(tl.int64)  # t * H + h
     pd = tl.program_id(1)
     t = pid // H
@@ -250,6 +265,7 @@ def _sparse_mla_merge_kernel(
 class DeviceInfo:
     num_sms: int
     smem_bytes: int
+    major: int = 0  # compute capability major (0: not a CUDA device)
 
 
 @functools.lru_cache(maxsize=16)
@@ -259,7 +275,9 @@ def _device_info(device: torch.device) -> DeviceInfo:
         return DeviceInfo(num_sms=8, smem_bytes=SMALL_SMEM_BYTES)
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_block_optin", 0) or SMALL_SMEM_BYTES
-    return DeviceInfo(num_sms=props.multi_processor_count, smem_bytes=int(smem))
+    return DeviceInfo(
+        num_sms=props.multi_processor_count, smem_bytes=int(smem), major=int(props.major)
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -455,6 +473,8 @@ def _launch(
         plse = workspace[n_po:need]
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
     build = _sparse_mla_split_kernel[grid](
         q, kv_cache, indices, out, lse, po, plse,
@@ -467,7 +487,8 @@ def _launch(
         lse.stride(0), lse.stride(1),
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
         IDX_AHEAD=cfg.idx_ahead,
-        DOT_F32=os.environ.get("TRITON_INTERPRET") == "1",
+        USE_PDL=pdl,
+        DOT_F32=interpret,
         **cfg.launch_options(),
     )  # fmt: skip
     if not direct:
@@ -478,8 +499,8 @@ def _launch(
             num_heads, num_splits,
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
-            BLOCK_S=block_s, BLOCK_D=block_d, DV=D_LATENT,
-            num_warps=4,
+            BLOCK_S=block_s, BLOCK_D=block_d, DV=D_LATENT, USE_PDL=pdl,
+            num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     return build
 
