@@ -325,15 +325,16 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     many = lambda h: h >= 64  # noqa: E731
     # The runner-up of each cell in the sweeps of docs/sparse-mla-kernel-notes.md.
     return {
-        "h16n32w4s3": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h16n16w4s4": (cfg(16, 16, 4, 4), few),
-        "h16n16w4s4_nopdl": (cfg(16, 16, 4, 4, pdl=False), few),
-        "h16n32w4s3_nopdl": (cfg(16, 32, 4, 3, pdl=False), lambda h: h <= 32),
-        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168), few),
+        "h16n32w4s3": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
+        "h16n16w4s4_nopdl": (cfg(16, 16, 4, 4), few),
+        "h16n32w4s3_nopdl": (cfg(16, 32, 4, 3), lambda h: h <= 32),
+        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168, pdl=True), few),
         "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
+        "h32n64w8s3_pdl": (cfg(32, 64, 8, 3, per_sm=1, pdl=True), lambda h: h == 32),
         "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), mid),
         "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
         "h16n64w8s2": (cfg(16, 64, 8, 2), many),
+        "h16n64w8s2_pdl": (cfg(16, 64, 8, 2, pdl=True), many),
     }
 
 

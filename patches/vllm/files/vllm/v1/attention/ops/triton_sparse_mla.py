@@ -49,7 +49,10 @@ class SparseMLAConfig:
     per_sm: int = 2  # programs per SM that split-K aims for (about the residency)
     idx_ahead: bool = True  # read next tile's slots early (double-buffered gathers)
     max_regs: int | None = None  # register cap (Triton's maxnreg), for more programs per SM
-    pdl: bool = True  # launch the merge as a programmatic dependent of the split kernel
+    # Launch the merge as a programmatic dependent of the split kernel: its
+    # programs start (and wait) while the splits run. Only where the split grid
+    # surely fits one wave, or waiting merge programs take the splits' slots.
+    pdl: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -75,9 +78,9 @@ class SparseMLAConfig:
 # "big" targets 227 KiB parts (H100/H200/B200), "small" 99 KiB parts (SM120, SM8x).
 _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     # One token's 8-16 heads alone (batch 1): 16-row tiles give split-K 128 programs.
-    "h16_n16": SparseMLAConfig(16, 16, 4, 4, per_sm=2),
+    "h16_n16": SparseMLAConfig(16, 16, 4, 4, per_sm=2, pdl=True),
     # 93 KiB and 254 registers: two programs per SM, each with two tiles in flight.
-    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=2),
+    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=2, pdl=True),
     "h16_n64": SparseMLAConfig(16, 64, 8, 2, per_sm=2),
     # 17-32 heads: one gathered 64-row tile feeds all 32 heads (184 KiB, 174
     # registers, one program per SM); 64 rows a step amortise the per-step
