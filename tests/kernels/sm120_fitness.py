@@ -122,7 +122,8 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
     """Every kernel build that sparse_mla_fwd can launch on a 99 KiB part:
     (name, is_merge, constexprs, compile options, kv dtype)."""
     out: list[Variant] = []
-    small = mod.DeviceInfo(num_sms=188, smem_bytes=SM120_SMEM_LIMIT)
+    pdl_modes: set[bool] = set()
+    small = mod.DeviceInfo(num_sms=188, smem_bytes=SM120_SMEM_LIMIT, major=12)
     for kv_bytes, kv_dtype in ((2, "bf16"), (1, "fp8e4nv")):
         cfgs = {
             c
@@ -149,10 +150,15 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                 mode = "direct" if direct else "partial"
                 name = f"split {shape} {kv_dtype} {mode}"
                 out.append((name, False, ce, cfg.launch_options(), kv_dtype))
+                if not direct:
+                    pdl_modes.add(cfg.pdl)
+    # The merge waits on the split grid (USE_PDL) exactly when its split config has pdl.
     for block_s in (2, 4, 8, 16, 32, 64, 128, 256):
         block_d = min(mod.D_LATENT, max(32, 8192 // block_s))
-        ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT, "USE_PDL": True}
-        out.append((f"merge s{block_s} d{block_d}", True, ce, {"num_warps": 4}, "bf16"))
+        for pdl in sorted(pdl_modes):
+            ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT, "USE_PDL": pdl}
+            name = f"merge s{block_s} d{block_d}" + (" pdl" if pdl else "")
+            out.append((name, True, ce, {"num_warps": 4}, "bf16"))
     return out
 
 
