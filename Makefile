@@ -46,20 +46,25 @@ lint: venv ## ruff over everything we own
 # longer runs our kernel's @triton.jit helpers in the same process.
 KERNEL_TESTS := tests/kernels tests/backend
 
-test: venv lint ## the whole CPU test suite (what CI runs)
+# vLLM's sparse_utils.py for the backend kernel-call tests, out of the pinned sdist
+# (sha256-checked) into .work/kernel-upstream/; a GPU machine without network gets
+# it by carrying that folder with the checkout.
+UPSTREAM_COPY := .work/kernel-upstream/sparse_utils.py.txt
+$(UPSTREAM_COPY):
+	$(PYTHON) tests/backend/pinned_upstream.py
+
+kernel-upstream: ## (re-)extract vLLM's sparse_utils.py for the kernel-call tests from the pinned sdist
+	$(PYTHON) tests/backend/pinned_upstream.py
+
+test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest $(KERNEL_TESTS)
 	$(VPY) -m pytest $(addprefix --ignore=,$(KERNEL_TESTS))
 
 # On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py).
 # PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-n 8" where pytest-xdist is installed.
-test-kernels: ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
+test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
 	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
 		tests/kernels tests/backend/test_backend_kernel_call.py
-
-# vLLM's sparse_utils.py for the backend kernel-call tests, out of the pinned sdist
-# (sha256-checked) into tests/backend/pinned/, committed so it travels to GPU machines.
-kernel-upstream: ## re-extract tests/backend/pinned/sparse_utils.py.txt from the pinned vLLM sdist
-	$(PYTHON) tests/backend/pinned_upstream.py
 
 bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain python3 + pip, no torch)
 	$(PYTHON) tests/kernels/bench_peers.py

@@ -8,8 +8,8 @@ source instead of importing it:
 
 - ``sparse_mla_topk_attention`` itself, verbatim from our backend file;
 - ``flat_kv_row_view`` and the remap kernel ``sparse_mla_index_remap_kernel``,
-  verbatim from vLLM's sparse_utils.py (the pinned sdist's copy under
-  tests/backend/pinned/, sha256-checked);
+  verbatim from vLLM's sparse_utils.py (the pinned sdist's copy that
+  `make kernel-upstream` writes to .work/kernel-upstream/, sha256-checked);
 - the remap launcher, which in vLLM runs through its JIT-warmup machinery, is
   re-stated below for the only mode the backend uses (no valid counts, no
   prefill workspace, no DCP): one program per (token, 128 columns), 4 warps;
@@ -35,7 +35,7 @@ MODULE_NAME = "frontier_triton_mla_sparse_call"
 
 
 def find_sparse_utils() -> Path:
-    """vLLM's sparse_utils.py as pinned: the committed copy, sha256-checked
+    """vLLM's sparse_utils.py as pinned: the extracted copy, sha256-checked
     (tests/backend/pinned_upstream.py; `make kernel-upstream` writes it)."""
     from tests.backend.pinned_upstream import pinned_sparse_utils
 

@@ -5,8 +5,9 @@ backend's call from vLLM's own remap kernel. The GPU machine has no vLLM and
 no network, so the file travels with the checkout: `make kernel-upstream`
 (CPU side, plain python3) takes it out of the pinned vLLM sdist, verified by
 the sdist's sha256 in build/pins.toml and by the member's own sha256 below,
-and writes it to tests/backend/pinned/. The copy is committed; the tests
-re-check its sha256 before reading it, so an edited copy fails them.
+and writes it to .work/kernel-upstream/ (ignored by git: it is upstream's code,
+not ours; a device call carries that folder). The tests re-check its sha256
+before reading it, so an edited copy fails them.
 
 Standard library only (no torch), like build/pipeline.
 """
@@ -24,7 +25,7 @@ MEMBER = "vllm/v1/attention/backends/mla/sparse_utils.py"
 # sha256 of MEMBER inside vllm-0.32.0.tar.gz (pins.toml [files.vllm-sdist]).
 MEMBER_SHA256 = "f95c8f9027d0705f0aaa2cfe7f7540b70cd3f58d6b105a7b9b1f25b8d42b2915"
 # Not a .py file: it is upstream's code, neither linted nor collected here.
-COPY = REPO / "tests/backend/pinned/sparse_utils.py.txt"
+COPY = REPO / ".work/kernel-upstream/sparse_utils.py.txt"
 
 
 class PinnedCopyError(RuntimeError):
@@ -32,7 +33,7 @@ class PinnedCopyError(RuntimeError):
 
 
 def pinned_sparse_utils() -> Path:
-    """The committed copy, after checking it is byte for byte the pinned member."""
+    """The extracted copy, after checking it is byte for byte the pinned member."""
     if not COPY.is_file():
         raise PinnedCopyError(f"{COPY} is missing: run `make kernel-upstream`")
     actual = hashlib.sha256(COPY.read_bytes()).hexdigest()

