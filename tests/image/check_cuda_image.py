@@ -5,8 +5,9 @@
 
 Each check prints `PASS name: detail` or `FAIL name: why`; the exit code is the
 number of failures. What cannot run without a GPU is replaced by a stand-in
-that says so in its name (the CUDA platform for vLLM's argument parser, and a
-libcuda for the link step of Triton's launcher), nothing else.
+that says so in its name (the CUDA platform for vLLM's argument parser,
+tests/stand_in_gpu.py, and a libcuda.so.1 so that vLLM's binaries load and
+Triton's launcher links), nothing else.
 """
 
 from __future__ import annotations
@@ -136,11 +137,15 @@ def run_checks() -> None:
         config = get_quantization_config("gguf")
         return f"quantization gguf -> {config.__module__}.{config.__name__}"
 
-    for profile in ("glm5", "qwen36-dflash"):
+    for profile, gpus in (("glm5", 8), ("qwen36-dflash", 2)):
 
-        @check(f"profiles/{profile}.env renders with a stand-in CUDA platform")
-        def _(profile: str = profile) -> str:
-            return render_profile_with_stand_in_cuda_platform(profile)
+        @check(f"profiles/{profile}.env renders with a stand-in CUDA platform ({gpus} GPUs)")
+        def _(profile: str = profile, gpus: int = gpus) -> str:
+            return render_profile_with_stand_in_cuda_platform(profile, gpus)
+
+    @check("with no GPU, render is one frontier-serve: error naming the likely causes, exit 2")
+    def _() -> str:
+        return no_gpu_is_one_error_line()
 
     @check("nvcc through CUDA_HOME")
     def _() -> str:
@@ -197,31 +202,36 @@ def run_checks() -> None:
         return check_gguf_on_a_tiny_glm5()
 
 
-def render_profile_with_stand_in_cuda_platform(profile: str) -> str:
-    """vLLM's parser needs a platform; without a GPU the CUDA build cannot infer one.
-    A child process sets vLLM's current platform to its real CudaPlatform class (the
-    stand-in is only that no GPU was detected), then runs `frontier-serve render`."""
-    env_file = CHECKS / "profiles" / f"{profile}.env"
-    env = dict(os.environ)
-    for line in env_file.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    code = (
-        "import sys, vllm.platforms as p\n"
-        "from vllm.platforms.cuda import CudaPlatform\n"
-        "p._current_platform = CudaPlatform()  # stand-in: no GPU was detected\n"
-        "from entrypoint.cli import main\n"
-        "sys.exit(main(['render']))\n"
-    )
+def render_profile_with_stand_in_cuda_platform(profile: str, gpus: int) -> str:
+    """vLLM's parser needs a platform; with no GPU the CUDA build cannot infer one.
+    tests/stand_in_gpu.py gives it a stand-in CUDA platform with `gpus` GPUs and
+    runs `frontier-serve render` through the image's own vLLM parser."""
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
-    )
+        [sys.executable, "-m", "tests.stand_in_gpu", "--gpus", str(gpus), "render",
+         "--env-file", str(CHECKS / "profiles" / f"{profile}.env")],
+        cwd=CHECKS, env={**os.environ, "PYTHONPATH": str(CHECKS)},
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}: {result.stderr.strip()[-1500:]}")
     argv = result.stdout.strip()
-    assert "--tensor-parallel-size" in argv, argv
+    assert f"--tensor-parallel-size {gpus}" in argv, argv
     return argv[-160:]
+
+
+def no_gpu_is_one_error_line() -> str:
+    """The real path, no stand-in: the CUDA build with no GPU visible (D7)."""
+    result = subprocess.run(
+        ["frontier-serve", "render", "--env-file", str(CHECKS / "profiles" / "glm5.env")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, (result.returncode, result.stderr[-1500:])
+    assert "Traceback" not in result.stderr, result.stderr[-1500:]
+    errors = [line for line in result.stderr.splitlines() if "frontier-serve: error:" in line]
+    assert errors and "GPU" in errors[0], result.stderr[-1500:]
+    for hint in ("Container Toolkit", "--gpus", "deploy.resources"):
+        assert hint in result.stderr, f"the error does not mention {hint}: {result.stderr}"
+    return errors[0][:160]
 
 
 def jit_headers_compile() -> str:
