@@ -257,8 +257,13 @@ RUN --mount=type=bind,from=vllm-wheel,source=/out,target=/in/vllm \
     --mount=type=bind,from=entrypoint,source=/out,target=/in/entrypoint \
     --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
     sh /in/install-runtime.sh /opt/venv /in/vllm /in/plugin /in/entrypoint
+# Kernels JIT-compiled on the first start (Triton, FlashInfer; vLLM already puts
+# DeepGEMM's there) go into vLLM's cache folder, the vllm-cache volume, so a
+# restarted container does not compile them again.
 ENV HOME=/home/serve \
-    SERVE_READY_FILE=/run/serve/ready
+    SERVE_READY_FILE=/run/serve/ready \
+    TRITON_CACHE_DIR=/home/serve/.cache/vllm/triton \
+    FLASHINFER_WORKSPACE_BASE=/home/serve/.cache/vllm
 USER 10001:10001
 EXPOSE 8000
 ARG VLLM_VERSION= VLLM_SOURCE_LABEL= BASE_WHEEL= BASE_WHEEL_SHA256= SERIES_VLLM= SERIES_PLUGIN= \

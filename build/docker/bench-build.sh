@@ -84,6 +84,7 @@ printf '%-58s %s\n' "image size frontier-serve:cuda" \
 # (its dependencies, measured in the image, plus the wheel's own files).
 wheel=$(cd "$REPO" && PYTHONPATH=build python3 -c 'from pipeline import fetch, pins; print(fetch.cached_path(pins.load().file("vllm-cuda-wheel")))')
 vllm_bytes=$(python3 -c 'import sys, zipfile; print(sum(i.file_size for i in zipfile.ZipFile(sys.argv[1]).infolist()))' "$wheel")
+# shellcheck disable=SC2016  # the command line is expanded by sh inside the container
 deps_bytes=$("$DOCKER" run --rm --entrypoint sh frontier-serve:cuda -c \
     'du -sb --exclude=vllm --exclude="vllm-*.dist-info" --exclude=vllm_gguf_plugin --exclude=entrypoint "$(python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")" | cut -f1')
 printf '%-58s %s\n' "reference: vLLM wheel's installed closure (deps + vllm/)" \

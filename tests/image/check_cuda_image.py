@@ -182,6 +182,19 @@ def run_checks() -> None:
     def _() -> str:
         return jit_headers_compile()
 
+    @check("JIT caches live in vLLM's cache folder (the vllm-cache volume)")
+    def _() -> str:
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        code = "import flashinfer.jit.env as e; print(e.FLASHINFER_JIT_DIR)"
+        flashinfer_dir = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        root = str(Path.home() / ".cache" / "vllm")
+        for name, path in (("Triton", os.environ.get("TRITON_CACHE_DIR", "")),
+                           ("FlashInfer", flashinfer_dir)):  # fmt: skip
+            assert path.startswith(root + "/"), f"{name} JIT cache {path!r} is outside {root}"
+        return f"Triton {os.environ['TRITON_CACHE_DIR']}, FlashInfer {flashinfer_dir}"
+
     @check("FlashInfer is enabled (no 'FlashInfer kernels are disabled')")
     def _() -> str:
         from vllm.utils import flashinfer

@@ -17,6 +17,7 @@ done_flag="$(mktemp -u)"
   if command -v make >/dev/null; then
     timeout "${TEST_TIMEOUT:-300}" make test-kernels PYTHON=python3 PYTEST_ARGS="$xdist -rfEs"
   else  # the same command as the Makefile's
+    # shellcheck disable=SC2086  # $xdist is empty or two words
     timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider $xdist -rfEs \
       tests/kernels tests/backend/test_backend_kernel_call.py
   fi >"$out/pytest.log" 2>&1
@@ -28,6 +29,7 @@ bench_args="--wait-for $done_flag $*"
 if command -v make >/dev/null; then
   timeout "${BENCH_TIMEOUT:-420}" make bench-kernels PYTHON=python3 BENCH_ARGS="$bench_args"
 else
+  # shellcheck disable=SC2086  # $bench_args is a list of words
   timeout "${BENCH_TIMEOUT:-420}" python3 tests/kernels/bench_sparse_mla.py run $bench_args
 fi >"$out/bench.log" 2>&1
 bench_rc=$?
