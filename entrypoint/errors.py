@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 USAGE_EXIT = 2  # bad configuration or environment: the same code argparse and typer use
+GGUF_NO_LAYOUT = 3  # check-gguf: no tensor layout is known for this model type
 
 
 class ConfigError(Exception):

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from entrypoint.gguf_hook import GGUF_NO_LAYOUT
+from entrypoint.errors import GGUF_NO_LAYOUT
 
 _PLUGIN = "vllm_gguf_plugin"
 _MODULES = {"headers": "gguf_headers.py", "layout": "weights_adapter/mla_layout.py"}

@@ -1,11 +1,11 @@
-"""Calls into `entrypoint.gguf_check` (written separately) without importing it eagerly."""
+"""Calls into `entrypoint.gguf_check` without importing it (and the plugin's GGUF
+reader) until a preflight runs."""
 
 from __future__ import annotations
 
-import importlib
 import os
 
-from entrypoint.errors import ConfigError
+from entrypoint.errors import GGUF_NO_LAYOUT
 
 
 def resolve_hf_config(value: str) -> str:
@@ -27,18 +27,11 @@ def resolve_hf_config(value: str) -> str:
     return cached if isinstance(cached, str) else value
 
 
-# The check's exit code for an architecture it has no tensor layout for.
-GGUF_NO_LAYOUT = 3
+__all__ = ["GGUF_NO_LAYOUT", "resolve_hf_config", "run_gguf_check"]
 
 
 def run_gguf_check(path: str, hf_config: str) -> int:
     """Exit code of `entrypoint.gguf_check.main(path, hf_config)`."""
-    try:
-        module = importlib.import_module("entrypoint.gguf_check")
-    except ModuleNotFoundError as exc:
-        if exc.name != "entrypoint.gguf_check":
-            raise
-        raise ConfigError(
-            "the GGUF check is not available: module entrypoint.gguf_check is missing"
-        ) from None
-    return int(module.main(path, hf_config))
+    from entrypoint import gguf_check
+
+    return int(gguf_check.main(path, hf_config))

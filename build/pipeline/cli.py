@@ -12,6 +12,7 @@ from pathlib import Path
 from . import fetch, image, patcher, pins, series, source, venv, wheels
 from .errors import PipelineError
 from .paths import REPO, work_dir
+from .trees import patched_trees
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -35,18 +36,6 @@ def _source(args: argparse.Namespace) -> int:
         source.prepare(upstream, loaded, dest, args.vllm_source)
         print(f"{upstream}: pristine tree at {dest}")
     return 0
-
-
-def patched_trees(
-    loaded: pins.Pins, dest: Path, vllm_source: str, upstreams: list[str]
-) -> dict[str, str]:
-    """Fresh pristine copies, each patched; returns upstream -> tree digest."""
-    digests: dict[str, str] = {}
-    for upstream in upstreams:
-        tree = source.prepare(upstream, loaded, dest / upstream, vllm_source)
-        patcher.apply_series(series.load(upstream), tree)
-        digests[upstream] = patcher.tree_digest(tree)
-    return digests
 
 
 def _patch_check(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from pathlib import Path
 from . import fetch, patcher, pins, series, venv
 from .errors import PipelineError
 from .paths import REPO, work_dir
+from .trees import patched_trees
 
 CPU, CPU_GGUF, CUDA = "runtime-cpu", "runtime-cpu-gguf", "runtime"
 TARGETS = (CPU, CPU_GGUF, CUDA)
@@ -259,8 +260,6 @@ def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str,
     key = _digest_key(loaded, target, vllm_source)
     if key in known:
         return known[key]
-    from .cli import patched_trees
-
     trees = work_dir() / "image-trees"
     digests = patched_trees(loaded, trees, vllm_source, ["vllm-gguf-plugin"])
     if target == CPU:
@@ -274,14 +273,18 @@ def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str,
 
 
 def check_tree(tree: Path, expect: str, what: str, actual: str | None = None) -> str:
-    """Compare tree's digest (or `actual`, when the caller just computed it) with expect."""
+    """Compare tree's digest (or `actual`, when the caller just computed it) with expect.
+
+    An empty expectation is refused too: it means the build was started without
+    the staged context's build arguments, and the image's label would stay empty."""
     actual = actual or patcher.tree_digest(tree)
     if not expect:
-        print(
-            f"warning: no expected digest for {what}; its label stays empty ({actual})",
-            file=sys.stderr,
+        raise PipelineError(
+            f"{what}: no expected tree digest (the TREE_* build argument is empty), so the "
+            f"image label would not describe this tree ({actual}); build through "
+            "build/docker/build-image.sh or `make image`, which stage the context and pass it"
         )
-    elif actual != expect:
+    if actual != expect:
         raise PipelineError(
             f"{what}: patched tree digest {actual} differs from the label's {expect}; "
             "the build context is stale (run `python3 -m pipeline image context` again)"

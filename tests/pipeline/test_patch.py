@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import patcher, series
-from pipeline.cli import patched_trees
 from pipeline.errors import PipelineError
+from pipeline.trees import patched_trees
 
 ORIGINAL = "".join(f"line {n}\n" for n in range(1, 31))
 
@@ -152,3 +152,19 @@ def test_real_series_patch_fresh_pinned_sources_reproducibly(
     assert first == second
     for rel in series.load("vllm").files:
         assert (tmp_path / "a" / "vllm" / rel).is_file()
+
+
+def test_check_tree_refuses_an_empty_expectation(tmp_path: Path) -> None:
+    """A plain `docker build` without the staged context's build arguments must fail,
+    not build an image whose tree labels are empty."""
+    from pipeline import image
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text("x = 1\n")
+    with pytest.raises(PipelineError, match="no expected tree digest .*build-image.sh"):
+        image.check_tree(tree, "", "vllm")
+    digest = patcher.tree_digest(tree)
+    assert image.check_tree(tree, digest, "vllm") == digest
+    with pytest.raises(PipelineError, match="differs from the label"):
+        image.check_tree(tree, "0" * 64, "vllm")

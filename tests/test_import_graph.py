@@ -1,0 +1,89 @@
+"""No import circles in our own packages (build/pipeline and entrypoint).
+
+The graph counts every import, at module level, inside functions and through
+importlib.import_module with a literal name, since a lazy import that closes a
+loop is still a loop a reader has to untangle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {"pipeline": REPO / "build" / "pipeline", "entrypoint": REPO / "entrypoint"}
+
+
+def _module_name(package: str, path: Path, root: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    parts = [package, *rel.parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str, root: Path) -> dict[str, set[str]]:
+    modules = {_module_name(package, path, root): path for path in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        base = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                    module = f"{anchor}.{node.module}" if node.module else anchor
+                else:
+                    module = node.module or ""
+                targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
+            elif (  # importlib.import_module("pkg.mod"): an import all the same
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                targets = [node.args[0].value]
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycles(package: str) -> None:
+    cycle = find_cycle(import_graph(package, PACKAGES[package]))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
+    root = tmp_path / "demo"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from . import b\n")
+    (root / "b.py").write_text("def f():\n    from demo.a import x\n")
+    assert find_cycle(import_graph("demo", root)) == ["demo.a", "demo.b", "demo.a"]
