@@ -61,22 +61,10 @@ def ensure(tree: Path) -> str:
     staging = env.with_name(env.name + ".part")
     shutil.rmtree(staging, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
-    result = subprocess.run(
-        [
-            str(staging / "bin" / "python"),
-            "-m",
-            "pip",
-            "--isolated",
-            "install",
-            "--progress-bar",
-            "off",
-            *index_args,
-            "-r",
-            str(requirements),
-        ],
-        check=False,
-    )
-    if result.returncode != 0:
+    python = str(staging / "bin" / "python")
+    if not _pip_install(
+        python, requirements, pip_options=("--isolated",), options=tuple(index_args)
+    ):
         shutil.rmtree(staging, ignore_errors=True)
         raise PipelineError(f"installing the build requirements {requirements} failed")
     staging.rename(env)  # venv scripts keep the staging path; we only ever run `python -m`
@@ -102,20 +90,17 @@ def use(python: str, tree: Path) -> str:
             "vLLM's setup.py would not package the CUDA binaries"
         )
     print(f"[wheels] adding {requirements.name} to {python}'s environment")
-    result = subprocess.run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--progress-bar",
-            "off",
-            "-r",
-            str(requirements),
-        ],
-        check=False,
-    )
-    if result.returncode != 0:
+    if not _pip_install(python, requirements, options=("--quiet",)):
         raise PipelineError(f"installing the build requirements {requirements} failed")
     return python
+
+
+def _pip_install(
+    python: str,
+    requirements: Path,
+    pip_options: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
+) -> bool:
+    """`python -m pip [pip_options] install [options] -r requirements`; True if it worked."""
+    command = [python, "-m", "pip", *pip_options, "install", "--progress-bar", "off", *options]
+    return subprocess.run([*command, "-r", str(requirements)], check=False).returncode == 0

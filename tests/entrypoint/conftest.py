@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,17 @@ def vllm_table():  # type: ignore[no-untyped-def]
 def free_tcp_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (as far as we can tell)."""
     return free_port()
+
+
+@pytest.fixture
+def base_env(tmp_path: Path, free_tcp_port: int) -> dict[str, str]:
+    """A minimal valid serve environment on a free loopback port (render/serve tests)."""
+    return {
+        "SERVE_MODEL": "org/model",
+        "SERVE_HOST": "127.0.0.1",
+        "SERVE_PORT": str(free_tcp_port),
+        "SERVE_READY_FILE": str(tmp_path / "run" / "ready"),
+    }
 
 
 @pytest.fixture

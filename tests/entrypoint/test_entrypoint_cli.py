@@ -24,16 +24,6 @@ def invoke(env: dict[str, str], *args: str) -> Any:
     return runner.invoke(app, list(args), env=env)
 
 
-@pytest.fixture
-def base_env(tmp_path: Path, free_tcp_port: int) -> dict[str, str]:
-    return {
-        "SERVE_MODEL": "org/model",
-        "SERVE_HOST": "127.0.0.1",
-        "SERVE_PORT": str(free_tcp_port),
-        "SERVE_READY_FILE": str(tmp_path / "run" / "ready"),
-    }
-
-
 class Recorder:
     """Stands in for os.execvp and the watcher's Popen; records instead of starting."""
 
@@ -214,13 +204,6 @@ def test_check_gguf_calls_the_check(fake_gguf_check: list[tuple[str, str]]) -> N
     assert fake_gguf_check == [("/m/ok.gguf", "/cfg"), ("/m/bad.gguf", "/cfg")]
 
 
-def test_check_gguf_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", None)
-    result = invoke({}, "check-gguf", "/m/x.gguf", "--hf-config", "/cfg")
-    assert result.exit_code == 2
-    assert "module entrypoint.gguf_check is missing" in result.output
-
-
 def test_serve_runs_gguf_check_first(
     vllm_table,
     base_env: dict[str, str],
@@ -255,15 +238,6 @@ def test_serve_gguf_check_off_or_not_gguf(
     invoke({**base_env, "SERVE_MODEL": "/m/bad.gguf", "SERVE_PREFLIGHT_GGUF": "false"}, "serve")
     invoke({**base_env, "SERVE_PREFLIGHT_GGUF": "true"}, "serve")  # org/model is no .gguf
     assert fake_gguf_check == []
-
-
-def test_serve_gguf_check_missing_module(
-    vllm_table, base_env: dict[str, str], recorder: Recorder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", None)
-    result = invoke({**base_env, "SERVE_MODEL": "/m/x.gguf"}, "serve")
-    assert result.exit_code == 2 and "entrypoint.gguf_check is missing" in result.output
-    assert recorder.exec_argv is None
 
 
 def test_reserved_lists_names() -> None:

@@ -42,16 +42,6 @@ def stand_in_cuda_build(monkeypatch: pytest.MonkeyPatch, nvml: tuple[int | None,
 
 
 @pytest.fixture
-def base_env(tmp_path: Path, free_tcp_port: int) -> dict[str, str]:
-    return {
-        "SERVE_MODEL": "org/model",
-        "SERVE_HOST": "127.0.0.1",
-        "SERVE_PORT": str(free_tcp_port),
-        "SERVE_READY_FILE": str(tmp_path / "run" / "ready"),
-    }
-
-
-@pytest.fixture
 def execs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """Records the exec instead of doing it (and never starts the watcher)."""
     calls: list[list[str]] = []
