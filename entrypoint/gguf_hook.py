@@ -3,6 +3,7 @@ reader) until a preflight runs."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from entrypoint.errors import GGUF_NO_LAYOUT
@@ -32,6 +33,6 @@ __all__ = ["GGUF_NO_LAYOUT", "resolve_hf_config", "run_gguf_check"]
 
 def run_gguf_check(path: str, hf_config: str) -> int:
     """Exit code of `entrypoint.gguf_check.main(path, hf_config)`."""
-    from entrypoint import gguf_check
-
+    # Through sys.modules (not the package attribute), so tests can put a stand-in there.
+    gguf_check = importlib.import_module("entrypoint.gguf_check")
     return int(gguf_check.main(path, hf_config))
