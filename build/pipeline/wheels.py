@@ -26,11 +26,16 @@ from .patcher import STAMP_PREFIX
 _WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-(?P<tags>.+)\.whl$")
 
 
-def wheel_version(wheel: Path) -> str:
+def wheel_name_parts(wheel: Path) -> tuple[str, str, str]:
+    """(name, version, tags) of a wheel's file name."""
     match = _WHEEL_NAME.match(wheel.name)
     if not match:
         raise PipelineError(f"{wheel.name}: not a wheel file name")
-    return match.group("version")
+    return match.group("name", "version", "tags")
+
+
+def wheel_version(wheel: Path) -> str:
+    return wheel_name_parts(wheel)[1]
 
 
 def _zip_time() -> tuple[int, int, int, int, int, int]:
@@ -38,13 +43,6 @@ def _zip_time() -> tuple[int, int, int, int, int, int]:
 
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "315532800"))  # 1980-01-01, zip's minimum
     return time.gmtime(max(epoch, 315532800))[:6]
-
-
-def wheel_tags(wheel: Path) -> str:
-    match = _WHEEL_NAME.match(wheel.name)
-    if not match:
-        raise PipelineError(f"{wheel.name}: not a wheel file name")
-    return match.group("tags")
 
 
 def build_vllm(
@@ -104,16 +102,13 @@ def build_vllm(
         built = list((Path(tmp) / "dist").glob("vllm-*.whl"))
         if len(built) != 1:
             raise PipelineError(f"expected one vllm wheel, got {[p.name for p in built]}")
-        final = retag(built[0], wheel_tags(precompiled), out)
+        final = retag(built[0], wheel_name_parts(precompiled)[2], out)
     return final
 
 
 def retag(wheel: Path, tags: str, out: Path) -> Path:
     """A copy of wheel in out, with the compatibility tags `tags` (file name and WHEEL)."""
-    match = _WHEEL_NAME.match(wheel.name)
-    if not match:
-        raise PipelineError(f"{wheel.name}: not a wheel file name")
-    name, version = match.group("name", "version")
+    name, version, _ = wheel_name_parts(wheel)
     info = f"{name}-{version}.dist-info"
     python, abi, platforms = tags.split("-")
     tag_lines = [
@@ -165,10 +160,7 @@ def _record_hash(data: bytes) -> str:
 
 def repack_plugin(tree: Path, release_wheel: Path, label: str, out: Path) -> Path:
     """A wheel of the patched plugin tree, versioned `<release>+frontier.<label>`."""
-    match = _WHEEL_NAME.match(release_wheel.name)
-    if not match:
-        raise PipelineError(f"{release_wheel.name}: not a wheel file name")
-    name, version, tags = match.group("name", "version", "tags")
+    name, version, tags = wheel_name_parts(release_wheel)
     new_version = f"{version}+frontier.{label}"
     old_info, new_info = f"{name}-{version}.dist-info", f"{name}-{new_version}.dist-info"
     if not (tree / old_info).is_dir():
