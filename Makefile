@@ -2,7 +2,10 @@
 # build/pipeline (python3 -m pipeline <step>); this file only wires it up.
 
 PYTHON   ?= python3
-PIPELINE := PYTHONPATH=build $(PYTHON) -m pipeline
+# VLLM=<version>: a [next-vllm] pin of build/pins.toml for fetch, verify-pins, source
+# and patch-check (e.g. VLLM=0.33.0 make patch-check); builds always use the default.
+VLLM     ?=
+PIPELINE := PYTHONPATH=build $(PYTHON) -m pipeline $(if $(VLLM),--vllm $(VLLM))
 VENV     ?= .venv
 VPY      := $(VENV)/bin/python
 # Kernel tests run with whatever python has torch + triton: the GPU machine's
@@ -10,7 +13,7 @@ VPY      := $(VENV)/bin/python
 KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
-.PHONY: help fetch verify-pins source patch-check wheels venv venv-rebuild test lint \
+.PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
         test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
         lint-deploy e2e check-image bench-build clean
 
@@ -23,10 +26,18 @@ fetch: ## download every pinned upstream file into the cache, verified by sha256
 verify-pins: ## re-hash everything in the cache against build/pins.toml
 	$(PIPELINE) verify
 
+# uv comes from the tools' own lock (build/docker/tools.txt); resolving needs the index.
+lock: fetch ## re-resolve every lock in locks/ from build/targets.toml (uv pip compile --generate-hashes)
+	REPO=$(CURDIR) bash -c 'source build/docker/engine.sh && ensure_tools'
+	$(PIPELINE) lock
+
+lock-check: fetch ## fail when a lock in locks/ no longer matches pins.toml, targets.toml or pyproject.toml
+	$(PIPELINE) lock-check
+
 source: fetch ## unpack pristine upstream trees into .work/src
 	$(PIPELINE) source
 
-patch-check: fetch ## apply every series to fresh pinned sources; print one digest per tree
+patch-check: fetch ## apply every series to fresh pinned sources; print one digest per tree (VLLM=0.33.0: what still applies)
 	$(PIPELINE) patch-check
 
 wheels: fetch ## build the patched vLLM wheel (precompiled binaries) and plugin wheel

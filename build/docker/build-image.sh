@@ -7,7 +7,7 @@
 #                             (default: pip's configured `cert`, when there is one)
 #   SOURCE_DATE_EPOCH         reproducible timestamp (default: last commit time)
 #   VLLM_SOURCE               sdist (default) or git (runtime only)
-# Tags frontier-serve:cpu / :cpu-gguf / :cuda and <version>-cpu / <version>-cpu-gguf / <version>.
+# Tags and labels come from build/targets.toml and the staged context (one --label each).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
@@ -16,33 +16,38 @@ source build/docker/engine.sh
 
 target=${1:-runtime-cpu}
 shift || true
-context=$target
-case $target in
-    runtime-cpu) tag=frontier-serve:cpu suffix=-cpu ;;
-    runtime-cpu-gguf) tag=frontier-serve:cpu-gguf suffix=-cpu-gguf ;;
-    runtime) tag=frontier-serve:cuda suffix= ;;
+if [[ $target == builder-check ]]; then
     # The pipeline-test stage (make check-image); it reads nothing from the context.
-    builder-check) tag=frontier-serve:builder-check suffix=-builder-check context=runtime-cpu ;;
-    *) echo "usage: $0 [runtime-cpu|runtime-cpu-gguf|runtime|builder-check] [docker build args...]" >&2; exit 2 ;;
-esac
+    context=runtime-cpu tags=(frontier-serve:builder-check)
+else
+    context=$target
+    facts=$(PYTHONPATH=build python3 -m pipeline targets shell --target "$target") || {
+        echo "usage: $0 TARGET [docker build args...]  (a target of build/targets.toml, or builder-check)" >&2
+        exit 2
+    }
+    eval "$facts"
+    read -r -a tags <<<"$tags"
+fi
 
 pick_docker
 [[ -n $DOCKER ]] || { log "no Docker client that can build with BuildKit"; exit 1; }
 
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
 log "staging the build context for $context (python3 -m pipeline image context)"
-PYTHONPATH=build python3 -m pipeline image context --target "$context" >/dev/null
+PYTHONPATH=build python3 -m pipeline image context --target "$context" --source-date-epoch "$epoch" >/dev/null
 
 args=()
-version=
 while IFS= read -r line; do
-    [[ -n $line ]] || continue
-    args+=(--build-arg "$line")
-    [[ $line == VLLM_VERSION=* ]] && version=${line#VLLM_VERSION=}
+    [[ -n $line ]] && args+=(--build-arg "$line")
 done <".work/context/$context.args"
-
-epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
-args+=(--build-arg "SOURCE_DATE_EPOCH=$epoch"
-       --build-arg "IMAGE_CREATED=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)")
+if [[ $target != builder-check ]]; then
+    while IFS= read -r line; do
+        [[ -n $line ]] && args+=(--label "$line")
+    done <".work/context/$context.labels"
+fi
+for tag in "${tags[@]}"; do
+    args+=(--tag "$tag")
+done
 [[ -n ${DEBIAN_BASE:-} ]] && args+=(--build-arg "DEBIAN_BASE=$DEBIAN_BASE")
 [[ -n ${CUDA_BASE:-} ]] && args+=(--build-arg "CUDA_BASE=$CUDA_BASE")
 [[ -n ${VLLM_SOURCE:-} ]] && args+=(--build-arg "VLLM_SOURCE=$VLLM_SOURCE")
@@ -55,7 +60,6 @@ if [[ -n $ca && -s $ca ]]; then
     args+=(--secret "id=ca,src=$ca")
 fi
 
-log "building $target as $tag ($version$suffix) with $DOCKER"
-DOCKER_BUILDKIT=1 "$DOCKER" build --network=host --target "$target" \
-    --tag "$tag" --tag "frontier-serve:$version$suffix" "${args[@]}" "$@" .
-log "built $tag"
+log "building $target as ${tags[*]} with $DOCKER"
+DOCKER_BUILDKIT=1 "$DOCKER" build --network=host --target "$target" "${args[@]}" "$@" .
+log "built ${tags[0]}"

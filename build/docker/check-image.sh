@@ -13,7 +13,7 @@ cd "$REPO"
 # shellcheck source=build/docker/engine.sh
 source build/docker/engine.sh
 
-IMAGE=frontier-serve:cuda
+IMAGE=$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime | sed -n "s/^tag=//p")
 started=$(date +%s)
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 finish() {
@@ -61,12 +61,11 @@ for pair in vllm:io.frontier-serve.tree.vllm vllm-gguf-plugin:io.frontier-serve.
     [[ $want == "$got" ]] || { log "label ${pair#*:}='$got', make patch-check says '$want'"; exit 1; }
     log "label ${pair#*:}=$got (= make patch-check)"
 done
-want=$(PYTHONPATH=build python3 -c 'from pipeline import pins; print(pins.load().file("vllm-cuda-wheel").sha256)')
-got=$("$DOCKER" image inspect -f '{{index .Config.Labels "io.frontier-serve.base-wheel.sha256"}}' "$IMAGE")
-[[ $want == "$got" ]] || { log "base-wheel.sha256 label '$got', pins say '$want'"; exit 1; }
+labels_match .work/context/runtime.labels "$IMAGE"
+installed_matches_lock "$IMAGE"
 user=$("$DOCKER" image inspect -f '{{.Config.User}}' "$IMAGE")
 [[ $user == 10001:10001 ]] || { log "image user is '$user', expected 10001:10001"; exit 1; }
-log "base-wheel.sha256 = pins; user $user"
+log "every staged label is the image's; the venv holds its lock; user $user"
 
 step "checks inside the image (uid 10001, no GPU, no network)"
 "$DOCKER" run --rm --network=none -v "$REPO:/checks:ro" --entrypoint python "$IMAGE" \

@@ -48,22 +48,24 @@ wait_health() {  # wait_health WANTED SECONDS
     log "compose reports $service $1"
 }
 
-up() {  # up SERVICE WAIT_SECONDS: a free port, compose up --wait, healthy, probe
-    service=$1
+up() {  # up SERVICE: a free port, compose up --wait (wait from build/targets.toml), healthy, probe
+    local facts
+    facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$1")
+    eval "$facts"  # target, model, prompt, wait, ...
     port=$(free_port)
-    step "compose --profile $service up -d --wait (port $port)"
+    step "compose --profile $service up -d --wait (port $port, up to $wait s)"
     compose_up=1
-    compose up -d --wait --wait-timeout "$2" "$service"
+    compose up -d --wait --wait-timeout "$wait" "$service"
     wait_health healthy 5
     compose ps
     "$DOCKER" exec "$(compose ps -q "$service")" python -m entrypoint probe
 }
-complete() {  # complete MODEL PROMPT: one greedy completion that must return text; sets $text
+complete() {  # one greedy completion of the service's model and prompt that must return text; sets $text
     local reply
-    step "completion from $1 over 127.0.0.1:$port"
+    step "completion from $model over 127.0.0.1:$port"
     reply=$(curl -sS --fail --max-time 120 "http://127.0.0.1:$port/v1/completions" \
         -H 'Content-Type: application/json' \
-        -d "{\"model\": \"$1\", \"prompt\": \"$2\", \"max_tokens\": 12, \"temperature\": 0}")
+        -d "{\"model\": \"$model\", \"prompt\": \"$prompt\", \"max_tokens\": 12, \"temperature\": 0}")
     text=$(python3 -c 'import json, sys; r = json.loads(sys.argv[1]); t = r["choices"][0]["text"]; assert r["usage"]["completion_tokens"] > 0 and t.strip(), r; print(repr(t))' "$reply")
     echo "completion: $text"
 }
@@ -112,17 +114,13 @@ if ! DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/nul
     DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null
 fi
 
-step "labels match the pipeline's digests"
-for pair in TREE_VLLM:io.frontier-serve.tree.vllm TREE_PLUGIN:io.frontier-serve.tree.vllm-gguf-plugin \
-            SERIES_VLLM:io.frontier-serve.series.vllm BASE_WHEEL_SHA256:io.frontier-serve.base-wheel.sha256; do
-    want=$(grep "^${pair%%:*}=" .work/context/runtime-cpu.args | cut -d= -f2-)
-    got=$("$DOCKER" image inspect -f "{{index .Config.Labels \"${pair#*:}\"}}" frontier-serve:cpu)
-    [[ -n $want && $want == "$got" ]] || { log "label ${pair#*:}='$got', expected '$want'"; exit 1; }
-    log "label ${pair#*:}=${got:0:16}…"
-done
+step "labels match the pipeline's digests and the lock"
+eval "$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime-cpu)"  # tag=...
+labels_match .work/context/runtime-cpu.labels "$tag"
+installed_matches_lock "$tag"
 
-up smoke 600
-complete tiny "the quick brown fox"
+up smoke
+complete
 
 step "SIGSTOP the vLLM server: compose must report unhealthy"
 compose kill -s SIGSTOP smoke
@@ -135,13 +133,13 @@ down
 
 step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
 DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
-up smoke-gguf 900
-complete gemma-3-270m "The capital of France is"
+up smoke-gguf
+complete
 first=$text
 down
 # A second cold start (a new container) must give the same greedy text.
-up smoke-gguf 900
-complete gemma-3-270m "The capital of France is"
+up smoke-gguf
+complete
 [[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
 log "same completion after a second cold start"
 down

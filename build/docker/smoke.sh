@@ -6,7 +6,7 @@
 # Gemma 3 270M Q4_K_M through the patched plugin's CPU path.
 # Where no Docker engine can be reached or started, run the same entrypoint,
 # model and readiness file directly from the CPU test tier (.venv).
-#   SMOKE_PORT / SMOKE_GGUF_PORT   port on 127.0.0.1 (default 8000 / 8002)
+#   SMOKE_PORT / SMOKE_GGUF_PORT   port on 127.0.0.1 (defaults: build/targets.toml)
 #   SMOKE_LOCAL=1  skip Docker and use the CPU test tier
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,13 +14,14 @@ cd "$REPO"
 # shellcheck source=build/docker/engine.sh
 source build/docker/engine.sh
 service=${1:-smoke}
-case $service in
-    smoke) target=runtime-cpu port=${SMOKE_PORT:-8000} model=tiny wait=600
-        prompt='the quick brown fox' ;;
-    smoke-gguf) target=runtime-cpu-gguf port=${SMOKE_GGUF_PORT:-8002} model=gemma-3-270m wait=900
-        prompt='The capital of France is' ;;
-    *) echo "usage: $0 [smoke|smoke-gguf]" >&2; exit 2 ;;
-esac
+# Port, model, prompt and wait of each smoke service: build/targets.toml.
+facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$service" 2>/dev/null) || facts=
+eval "$facts"
+if [[ -z ${model:-} ]]; then
+    echo "usage: $0 [smoke|smoke-gguf]  (a service of build/targets.toml with smoke settings)" >&2
+    exit 2
+fi
+port=${!port_env:-$port}
 url=http://127.0.0.1:$port
 compose() { SMOKE_PORT=$port SMOKE_GGUF_PORT=$port "$DOCKER" compose --profile "$service" "$@"; }
 
@@ -72,7 +73,7 @@ with_venv() {
     local dir=$REPO/.work/smoke
     mkdir -p "$dir"
     [[ -f $dir/model/config.json ]] || .venv/bin/python -m entrypoint tiny-model "$dir/model" >/dev/null
-    export SERVE_MODEL=$dir/model SERVE_SERVED_MODEL_NAME=tiny SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
+    export SERVE_MODEL=$dir/model SERVE_SERVED_MODEL_NAME=$model SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
         SERVE_MAX_MODEL_LEN=512 SERVE_MAX_NUM_SEQS=4 SERVE_ENFORCE_EAGER=true SERVE_READY_FILE=$dir/run/ready \
         VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1
     nohup .venv/bin/python -m entrypoint serve >"$dir/serve.log" 2>&1 &
@@ -81,7 +82,7 @@ with_venv() {
     until .venv/bin/python -m entrypoint probe >/dev/null 2>&1; do
         kill -0 "$pid" 2>/dev/null || { tail -50 "$dir/serve.log"; exit 1; }
         waited=$((waited + 2))
-        [[ $waited -lt 600 ]] || { log "not ready after 600 s"; tail -50 "$dir/serve.log"; exit 1; }
+        [[ $waited -lt $wait ]] || { log "not ready after $wait s"; tail -50 "$dir/serve.log"; exit 1; }
         sleep 2
     done
     echo "--- readiness (probe, then status):"

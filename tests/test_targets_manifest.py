@@ -1,0 +1,247 @@
+"""build/targets.toml is the single source of the per-target and per-service facts.
+
+The Dockerfile, docker-compose.yml and deploy/kubernetes stay plain files that
+people edit and the linters read; they are checked against the manifest here
+rather than generated. Each check is run on the real files (no drift) and on a
+drifted copy (it must notice)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline import targets
+from pipeline.errors import PipelineError
+
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKERFILE = (REPO / "Dockerfile").read_text()
+COMPOSE = (REPO / "docker-compose.yml").read_text()
+KUBERNETES = {p.stem: p.read_text() for p in sorted((REPO / "deploy/kubernetes").glob("*.yaml"))}
+UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def seconds(value: str | int) -> int:
+    """Compose/Docker durations ("15s", "60m", "1h30m") in seconds."""
+    if isinstance(value, int):
+        return value
+    parts = re.findall(r"(\d+)([smh])", value)
+    assert parts and "".join(n + u for n, u in parts) == value, value
+    return sum(int(n) * UNITS[u] for n, u in parts)
+
+
+def _stages(dockerfile: str) -> dict[str, str]:
+    stages = {}
+    for part in re.split(r"(?m)^(?=FROM )", dockerfile)[1:]:
+        name = re.match(r"FROM \S+ AS (\S+)", part)
+        if name:
+            stages[name.group(1)] = part
+    return stages
+
+
+def dockerfile_drift(dockerfile: str, manifest: targets.Manifest) -> list[str]:
+    problems = []
+    stages = _stages(dockerfile)
+    for target in manifest.targets.values():
+        text = stages.get(target.name)
+        if text is None:
+            problems.append(f"Dockerfile has no stage {target.name}")
+            continue
+        checks = re.findall(r"(?m)^HEALTHCHECK (.*?)\\?$", text)
+        if len(checks) != 1:
+            problems.append(f"{target.name}: {len(checks)} HEALTHCHECKs")
+            continue
+        found = {k: seconds(v) if k != "retries" else int(v) for k, v in
+                 re.findall(r"--([a-z-]+)=(\S+)", checks[0])}  # fmt: skip
+        if found != target.healthcheck:
+            problems.append(
+                f"{target.name}: HEALTHCHECK {found} != targets.toml {target.healthcheck}"
+            )
+        if f"${{{target.base_arg}}}" not in dockerfile:
+            problems.append(f"{target.name}: base argument {target.base_arg} is not used")
+    return problems
+
+
+def compose_drift(compose: dict, manifest: targets.Manifest) -> list[str]:
+    problems = []
+    services = compose.get("services", {})
+    for name in sorted(set(services) ^ set(manifest.services)):
+        problems.append(f"service {name} is in only one of docker-compose.yml and targets.toml")
+    for svc in manifest.services.values():
+        entry = services.get(svc.name)
+        if entry is None:
+            continue
+        target = manifest.target(svc.target)
+        image = re.fullmatch(r"\$\{[A-Z_]+:-([^}]+)\}", entry.get("image", ""))
+        if not image or image.group(1) != target.tags[0]:
+            problems.append(f"{svc.name}: image {entry.get('image')} is not {target.tags[0]}")
+        health = entry.get("healthcheck", {})
+        found = {
+            key.replace("_", "-"): seconds(value) if key != "retries" else value
+            for key, value in health.items()
+            if key not in ("test", "start_period")
+        }
+        if found != svc.compose_probe:
+            problems.append(f"{svc.name}: healthcheck {found} != targets.toml {svc.compose_probe}")
+        if seconds(health.get("start_period", "0s")) != svc.start_budget:
+            problems.append(
+                f"{svc.name}: start_period {health.get('start_period')} != start-budget "
+                f"{svc.start_budget} s"
+            )
+        port = f"${{{svc.port_env}:-{svc.port}}}"
+        published = [p for p in entry.get("ports", []) if port in p]
+        environment = entry.get("environment", {})
+        if not published and environment.get("SERVE_PORT") != port:
+            problems.append(f"{svc.name}: neither its ports nor SERVE_PORT use {port}")
+        devices = entry.get("deploy", {}).get("resources", {}).get("reservations", {})
+        count = sum(d.get("count", 0) for d in devices.get("devices", []))
+        if count != svc.gpus:
+            problems.append(f"{svc.name}: reserves {count} GPUs, targets.toml says {svc.gpus}")
+    return problems
+
+
+def kubernetes_drift(documents: dict[str, str], manifest: targets.Manifest) -> list[str]:
+    problems = []
+    for stem, text in documents.items():
+        for doc in yaml.safe_load_all(text):
+            if not doc or doc.get("kind") != "Deployment":
+                continue
+            name = doc["metadata"]["name"]
+            if name not in manifest.services:
+                problems.append(f"{stem}: Deployment {name} is no service of targets.toml")
+                continue
+            svc = manifest.service(name)
+            want = svc.kubernetes_probe
+            if not want:
+                problems.append(f"{name}: targets.toml has no kubernetes-probe")
+                continue
+            spec = doc["spec"]["template"]["spec"]
+            serve = next(c for c in spec["containers"] if c["name"] == "serve")
+            if serve["image"] != manifest.target(svc.target).tags[0]:
+                problems.append(f"{name}: image {serve['image']}")
+            startup, ready = serve["startupProbe"], serve["readinessProbe"]
+            found = {
+                "startup-period": startup["periodSeconds"],
+                "readiness-period": ready["periodSeconds"],
+                "readiness-failures": ready["failureThreshold"],
+                "timeout": startup["timeoutSeconds"],
+            }
+            if found != want or ready["timeoutSeconds"] != want["timeout"]:
+                problems.append(f"{name}: probes {found} != targets.toml {want}")
+            budget = startup["periodSeconds"] * startup["failureThreshold"]
+            if budget != svc.start_budget:
+                problems.append(
+                    f"{name}: startupProbe allows {budget} s, start-budget {svc.start_budget}"
+                )
+            gpus = serve["resources"]["limits"].get("nvidia.com/gpu", 0)
+            if gpus != svc.gpus:
+                problems.append(f"{name}: {gpus} GPUs, targets.toml says {svc.gpus}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def manifest() -> targets.Manifest:
+    return targets.load()
+
+
+def test_dockerfile_healthchecks_match(manifest: targets.Manifest) -> None:
+    assert dockerfile_drift(DOCKERFILE, manifest) == []
+    drifted = DOCKERFILE.replace("--start-period=900s", "--start-period=600s")
+    assert dockerfile_drift(drifted, manifest) == [
+        "runtime-cpu-gguf: HEALTHCHECK {'interval': 10, 'timeout': 5, 'start-period': 600, "
+        "'retries': 3} != targets.toml {'interval': 10, 'timeout': 5, 'start-period': 900, "
+        "'retries': 3}"
+    ]
+
+
+def test_compose_matches(manifest: targets.Manifest) -> None:
+    assert compose_drift(yaml.safe_load(COMPOSE), manifest) == []
+    for old, new, what in [
+        ("start_period: 60m", "start_period: 45m", "glm5: start_period 45m"),
+        ("count: 2", "count: 4", "qwen36-dflash: reserves 4 GPUs"),
+        ("${SMOKE_GGUF_PORT:-8002}", "${SMOKE_GGUF_PORT:-8003}", "smoke-gguf: neither"),
+        ("interval: 3s", "interval: 4s", "smoke: healthcheck"),
+    ]:
+        assert old in COMPOSE, old
+        problems = compose_drift(yaml.safe_load(COMPOSE.replace(old, new, 1)), manifest)
+        assert len(problems) == 1 and problems[0].startswith(what), (old, problems)
+
+
+def test_kubernetes_matches(manifest: targets.Manifest) -> None:
+    assert kubernetes_drift(KUBERNETES, manifest) == []
+    drifted = dict(KUBERNETES)
+    drifted["glm5"] = drifted["glm5"].replace("failureThreshold: 360", "failureThreshold: 300")
+    assert kubernetes_drift(drifted, manifest) == [
+        "glm5: startupProbe allows 3000 s, start-budget 3600"
+    ]
+
+
+def test_every_deployment_service_has_a_kubernetes_manifest(manifest: targets.Manifest) -> None:
+    with_probes = {name for name, svc in manifest.services.items() if svc.kubernetes_probe}
+    assert with_probes == set(KUBERNETES)
+
+
+def test_scripts_hold_no_copy_of_the_manifest(manifest: targets.Manifest) -> None:
+    """Tags, ports, models, prompts and waits reach the scripts only through
+    `python3 -m pipeline targets shell`."""
+    scripts = {  # code only: comments may name a service's model
+        name: "\n".join(
+            line
+            for line in (REPO / "build/docker" / name).read_text().splitlines()
+            if not line.lstrip().startswith("#")
+        )
+        for name in ("build-image.sh", "smoke.sh", "e2e.sh")
+    }
+    facts: list[str] = []
+    for target in manifest.targets.values():
+        facts += target.tag_names("0.32.0")
+    for svc in manifest.services.values():
+        facts += [f"={svc.port}", f"-{svc.port}}}"]
+        if svc.smoke:
+            facts += [f"={svc.smoke['model']}", f"={svc.smoke['model']} ", svc.smoke["prompt"]]
+        if "wait" in svc.smoke:
+            facts.append(f" {svc.smoke['wait']}\n")
+    for name, text in scripts.items():
+        for fact in facts:
+            assert fact not in text, f"{name} repeats {fact!r} from build/targets.toml"
+        assert "pipeline targets shell" in text, name
+
+
+def test_image_pipeline_reads_the_manifest() -> None:
+    code = (REPO / "build/pipeline/image.py").read_text()
+    for table in ("CONTEXT_KEYS", "BASE_KEYS", "DEPS_OF_KEYS", "EXTRA_REQUIREMENTS", "FAMILY"):
+        assert table not in code, table
+    assert "targets.load(" in code
+
+
+def test_shell_facts(manifest: targets.Manifest) -> None:
+    out = targets.shell(manifest, None, "smoke-gguf", "0.32.0")
+    assert "target=runtime-cpu-gguf\n" in out and "port=8002\n" in out
+    assert "prompt='The capital of France is'\n" in out
+    assert "tags='frontier-serve:cpu-gguf frontier-serve:0.32.0-cpu-gguf'\n" in out
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('lock = "runtime"\nbase-wheel', 'lock = "nope"\nbase-wheel', "lock 'nope' is not in"),
+        ("start-budget = 900", "start-budget = 0", "start-budget = 0 is not 1..86400"),
+        ("port = 8002", "port = 70000", "port 70000 is not 1..65535"),
+        ('pythons = ["3.11"]\n\n[locks.cpu-tier]', 'pythons = ["3"]\n\n[locks.cpu-tier]', "X.Y"),
+        (
+            '"gguf-wheel", "gguf-plugin-wheel"]',
+            '"gguf-whl", "gguf-plugin-wheel"]',
+            "gguf-whl not in",
+        ),
+    ],
+)
+def test_bad_manifest_entries_are_named(tmp_path: Path, old: str, new: str, message: str) -> None:
+    text = targets.TARGETS_FILE.read_text()
+    assert old in text, old
+    bad = tmp_path / "targets.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        targets.load(bad)
