@@ -14,7 +14,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
-        test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
+        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
         lint-deploy e2e check-image bench-build clean
 
 help: ## list the targets
@@ -45,6 +45,9 @@ wheels: fetch ## build the patched vLLM wheel (precompiled binaries) and plugin 
 
 venv: fetch ## create or update the CPU test tier in .venv
 	$(PIPELINE) venv --venv $(VENV)
+
+repro-cpu-tier: ## build the CPU test tier twice from empty caches; compare pip freeze, file hashes, tree digests
+	$(PYTHON) tests/repro/check_cpu_tier_twice.py
 
 venv-rebuild: fetch ## rebuild the CPU test tier from scratch
 	$(PIPELINE) venv --venv $(VENV) --fresh

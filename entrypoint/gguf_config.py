@@ -31,8 +31,8 @@ from pathlib import Path
 
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_models import frontier_cache
+from entrypoint.settings import MODEL
 
-MODEL = "SERVE_MODEL"
 HF_CONFIG_PATH = "SERVE_HF_CONFIG_PATH"
 TOKENIZER = "SERVE_TOKENIZER"
 DONE = ".frontier-gguf-config.json"  # written last: a folder without it is incomplete

@@ -15,7 +15,7 @@ from typing import Any
 
 from entrypoint import settings
 from entrypoint.errors import ConfigError
-from entrypoint.settings import PREFIX, SettingError, parse_bool
+from entrypoint.settings import MODEL, PREFIX, SettingError, parse_bool
 from entrypoint.vllm_options import (
     APPEND,
     BOOL,
@@ -29,7 +29,6 @@ from entrypoint.vllm_options import (
     kind_of,
 )
 
-MODEL = "SERVE_MODEL"
 _ARG_ERRORS = (ValueError, TypeError, argparse.ArgumentTypeError)
 
 

@@ -57,6 +57,18 @@ def check_port_free(host: str | None, port: int) -> None:
             ) from None
 
 
+def check_gguf_request(env: Mapping[str, str], model: str) -> None:
+    """SERVE_PREFLIGHT_GGUF=true asks for a check that only a .gguf file can have."""
+    if settings.flag(env, settings.PREFLIGHT_GGUF, default=False) and not model.lower().endswith(
+        ".gguf"
+    ):
+        raise ConfigError(
+            f"{settings.PREFLIGHT_GGUF}=true, but {settings.MODEL}={model!r} is not a .gguf "
+            f"file: there is no GGUF to check; point {settings.MODEL} at the .gguf file or "
+            f"unset {settings.PREFLIGHT_GGUF}"
+        )
+
+
 def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
     is_gguf = model.lower().endswith(".gguf")
     return settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf) and is_gguf

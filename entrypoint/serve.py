@@ -19,7 +19,13 @@ from entrypoint import gpus, settings
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
-from entrypoint.preflight import check_port_free, check_writable, gguf_preflight
+from entrypoint.preflight import (
+    check_gguf_request,
+    check_port_free,
+    check_writable,
+    gguf_preflight,
+    listen_host,
+)
 from entrypoint.render import Rendered, render
 from entrypoint.statusfile import remove_quietly
 from entrypoint.watcher import Tracker, WatchConfig
@@ -27,8 +33,8 @@ from entrypoint.watcher import Tracker, WatchConfig
 
 def health_url(namespace: argparse.Namespace) -> str:
     """Where the watcher reaches vLLM: loopback when it listens on every interface."""
-    host = namespace.host or "127.0.0.1"
-    if host in ("0.0.0.0", ""):
+    host = listen_host(namespace.host)
+    if host == "0.0.0.0":
         host = "127.0.0.1"
     elif host == "::":
         host = "::1"
@@ -93,6 +99,7 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
     if port_check_on and not getattr(rendered.namespace, "uds", None):
         collect(check_port_free, rendered.namespace.host, rendered.namespace.port)
     collect(gpus.require_enough_gpus, rendered.namespace)
+    collect(check_gguf_request, env, rendered.namespace.model or "")
     if problems:
         raise ConfigError(problems)
     # Hub-named config/tokenizer: after the cheap checks, since it may download.

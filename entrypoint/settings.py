@@ -21,25 +21,32 @@ if TYPE_CHECKING:
 
 PREFIX = "SERVE_"
 
-# Reserved names and what they mean (shown by `frontier-serve render --help`).
-EXTRA_ARGS = "SERVE_EXTRA_ARGS"  # JSON array of extra argv elements, appended verbatim
-EXEC = "SERVE_EXEC"  # JSON array: the program to exec (default: python -m api_server)
-READY_FILE = "SERVE_READY_FILE"  # readiness file written while vLLM is healthy
-STATUS_FILE = "SERVE_STATUS_FILE"  # status JSON (default: status.json beside the ready file)
-PREFLIGHT_GGUF = "SERVE_PREFLIGHT_GGUF"  # run the GGUF check before exec (default: model is .gguf)
-HEALTH_INTERVAL = "SERVE_HEALTH_INTERVAL"  # seconds between health checks
-HEALTH_TIMEOUT = "SERVE_HEALTH_TIMEOUT"  # seconds per HTTP request
-HEALTH_FAILURES = "SERVE_HEALTH_FAILURES"  # failed checks in a row before "unhealthy"
-STALE_AFTER = "SERVE_STALE_AFTER"  # probe fails when the heartbeat is older than this
-WATCHER = "SERVE_WATCHER"  # start the readiness watcher (default true)
-CHECK_PORT = "SERVE_CHECK_PORT"  # refuse to start when the port is taken (default true)
+# The option every workload sets (a vLLM option, `vllm serve MODEL`); named once here.
+MODEL = "SERVE_MODEL"
 
+# Names reserved by the entrypoint; `frontier-serve reserved` prints RESERVED.
+EXTRA_ARGS = "SERVE_EXTRA_ARGS"
+EXEC = "SERVE_EXEC"
+READY_FILE = "SERVE_READY_FILE"
+STATUS_FILE = "SERVE_STATUS_FILE"
+PREFLIGHT_GGUF = "SERVE_PREFLIGHT_GGUF"
+HEALTH_INTERVAL = "SERVE_HEALTH_INTERVAL"
+HEALTH_TIMEOUT = "SERVE_HEALTH_TIMEOUT"
+HEALTH_FAILURES = "SERVE_HEALTH_FAILURES"
+STALE_AFTER = "SERVE_STALE_AFTER"
+WATCHER = "SERVE_WATCHER"
+CHECK_PORT = "SERVE_CHECK_PORT"
+
+# What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
     EXTRA_ARGS: "JSON array of extra vLLM argv elements, appended after the mapped options",
-    EXEC: "JSON array naming the program to exec; vLLM options follow it",
-    READY_FILE: "readiness file, present only while vLLM answers /health and /v1/models",
-    STATUS_FILE: "status JSON written beside the readiness file",
-    PREFLIGHT_GGUF: "run the GGUF preflight check before exec (default: true for .gguf models)",
+    EXEC: "JSON array naming the program to exec (default: python -m the vLLM API server); "
+    "vLLM options follow it",
+    READY_FILE: "readiness file, present only while vLLM answers /health and /v1/models "
+    "(default /run/serve/ready)",
+    STATUS_FILE: "status JSON (default: status.json beside the readiness file)",
+    PREFLIGHT_GGUF: "run the GGUF preflight check before exec (default: true for .gguf models; "
+    "true with a model that is no .gguf file is an error)",
     HEALTH_INTERVAL: "seconds between health checks (default 2)",
     HEALTH_TIMEOUT: "seconds allowed per health request (default 2)",
     HEALTH_FAILURES: "failed checks in a row that make a ready server unhealthy (default 3)",

@@ -230,6 +230,7 @@ def test_shell_facts(manifest: targets.Manifest) -> None:
         ('lock = "runtime"\nbase-wheel', 'lock = "nope"\nbase-wheel', "lock 'nope' is not in"),
         ("start-budget = 900", "start-budget = 0", "start-budget = 0 is not 1..86400"),
         ("port = 8002", "port = 70000", "port 70000 is not 1..65535"),
+        ('python = "3.12"', 'python = "3.13"', "python 3.13 has no lock 'runtime'"),
         ('pythons = ["3.11"]\n\n[locks.cpu-tier]', 'pythons = ["3"]\n\n[locks.cpu-tier]', "X.Y"),
         (
             '"gguf-wheel", "gguf-plugin-wheel"]',

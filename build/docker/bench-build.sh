@@ -18,6 +18,9 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 # shellcheck source=build/docker/engine.sh
 source "$REPO/build/docker/engine.sh"
 BASE=${DEBIAN_BASE:-frontier-debian:bookworm}
+tag_of() { PYTHONPATH=$REPO/build python3 -m pipeline targets shell --target "$1" | sed -n 's/^tag=//p'; }
+cpu_tag=$(tag_of runtime-cpu)
+cuda_tag=$(tag_of runtime)
 
 ensure_engine || { log "no Docker engine could be reached or started"; exit 1; }
 ensure_compose
@@ -44,11 +47,11 @@ if [[ ${BENCH_COLD:-1} == 1 ]]; then
     log "pruning the BuildKit cache for a cold build"
     "$DOCKER" builder prune --all --force >/dev/null
 fi
-"$DOCKER" image rm frontier-serve:cpu >/dev/null 2>&1 || true
+"$DOCKER" image rm "$cpu_tag" >/dev/null 2>&1 || true
 log "cold build"
 cold=$(seconds build)
 if [[ ${BENCH_CUDA:-1} == 1 ]]; then
-    "$DOCKER" image rm frontier-serve:cuda >/dev/null 2>&1 || true
+    "$DOCKER" image rm "$cuda_tag" >/dev/null 2>&1 || true
     log "cold build of runtime (CUDA, base ${CUDA_BASE:-$BASE})"
     cold_cuda=$(seconds build_cuda)
     log "cached rebuild of runtime"
@@ -61,7 +64,7 @@ sed -i "1a Bench: rebuild timing, $(date -u +%s)" "$scratch/patches/vllm/$patch"
 rebuild=$(seconds build)
 [[ ${BENCH_CUDA:-1} == 1 ]] && rebuild_cuda=$(seconds build_cuda)
 
-size_cpu=$("$DOCKER" image inspect -f '{{.Size}}' frontier-serve:cpu)
+size_cpu=$("$DOCKER" image inspect -f '{{.Size}}' "$cpu_tag")
 log "compose up (smoke) until healthy"
 up() { (cd "$scratch" && SMOKE_PORT=$port "$DOCKER" compose -p "$project" --profile smoke up -d --wait --wait-timeout 600 >/dev/null); }
 healthy=$(seconds up)
@@ -70,7 +73,7 @@ printf '\n%-58s %s\n' "measure" "value"
 [[ ${BENCH_COLD:-1} == 1 ]] || printf '%-58s %s\n' "BENCH_COLD=0: the build cache was kept" "the cold rows are warm"
 printf '%-58s %s\n' "cold build of runtime-cpu (wall)" "${cold} s"
 printf '%-58s %s\n' "rebuild after changing one patch (goal <= 60 s)" "${rebuild} s"
-printf '%-58s %s\n' "image size frontier-serve:cpu" "$((size_cpu / 1000000)) MB"
+printf '%-58s %s\n' "image size $cpu_tag" "$((size_cpu / 1000000)) MB"
 printf '%-58s %s\n' "compose up -> healthy (smoke, tiny model)" "${healthy} s"
 printf '%-58s %s\n' "context staging (pipeline image context), in each build" "included above"
 
@@ -78,19 +81,19 @@ printf '%-58s %s\n' "context staging (pipeline image context), in each build" "i
 printf '%-58s %s\n' "cold build of runtime (CUDA; shared builder stages warm)" "${cold_cuda} s"
 printf '%-58s %s\n' "cached rebuild of runtime, nothing changed" "${cached_cuda} s"
 printf '%-58s %s\n' "rebuild of runtime after changing one patch" "${rebuild_cuda} s"
-printf '%-58s %s\n' "image size frontier-serve:cuda" \
-    "$(($("$DOCKER" image inspect -f '{{.Size}}' frontier-serve:cuda) / 1000000)) MB"
+printf '%-58s %s\n' "image size $cuda_tag" \
+    "$(($("$DOCKER" image inspect -f '{{.Size}}' "$cuda_tag") / 1000000)) MB"
 # The reference: what `pip install` of the pinned vLLM wheel would put in a venv
 # (its dependencies, measured in the image, plus the wheel's own files).
 wheel=$(cd "$REPO" && PYTHONPATH=build python3 -c 'from pipeline import fetch, pins; print(fetch.cached_path(pins.load().file("vllm-cuda-wheel")))')
 vllm_bytes=$(python3 -c 'import sys, zipfile; print(sum(i.file_size for i in zipfile.ZipFile(sys.argv[1]).infolist()))' "$wheel")
 # shellcheck disable=SC2016  # the command line is expanded by sh inside the container
-deps_bytes=$("$DOCKER" run --rm --entrypoint sh frontier-serve:cuda -c \
+deps_bytes=$("$DOCKER" run --rm --entrypoint sh "$cuda_tag" -c \
     'du -sb --exclude=vllm --exclude="vllm-*.dist-info" --exclude=vllm_gguf_plugin --exclude=entrypoint "$(python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")" | cut -f1')
 printf '%-58s %s\n' "reference: vLLM wheel's installed closure (deps + vllm/)" \
     "$(((deps_bytes + vllm_bytes) / 1000000)) MB (vllm/ $((vllm_bytes / 1000000)) MB)"
-printf '\n%-10s %s\n' "layer MB" "created by (frontier-serve:cuda, newest first)"
-"$DOCKER" history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' frontier-serve:cuda |
+printf '\n%-10s %s\n' "layer MB" "created by ($cuda_tag, newest first)"
+"$DOCKER" history --no-trunc --format '{{.Size}}\t{{.CreatedBy}}' "$cuda_tag" |
     python3 -c '
 import re, sys
 units = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}

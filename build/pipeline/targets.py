@@ -42,6 +42,7 @@ class Target:
     name: str
     family: str
     base_arg: str
+    python: str
     lock: str
     base_wheel: str
     context_pins: tuple[str, ...]
@@ -180,13 +181,19 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
     targets: dict[str, Target] = {}
     for name, entry in (data.get("targets") or {}).items():
         where = f"{path}: [targets.{name}]"
-        _required(entry, ("family", "base-arg", "lock", "base-wheel", "title"), where)
+        _required(entry, ("family", "base-arg", "python", "lock", "base-wheel", "title"), where)
         if entry["lock"] not in locks:
             raise PipelineError(f"{where}: lock {entry['lock']!r} is not in [locks]")
+        if entry["python"] not in locks[entry["lock"]].pythons:
+            raise PipelineError(
+                f"{where}: python {entry['python']} has no lock {entry['lock']!r} "
+                f"(made for {', '.join(locks[entry['lock']].pythons)})"
+            )
         targets[name] = Target(
             name=name,
             family=entry["family"],
             base_arg=entry["base-arg"],
+            python=entry["python"],
             lock=entry["lock"],
             base_wheel=check_pins((entry["base-wheel"],), where)[0],
             context_pins=check_pins(_strings(entry, "context-pins", where), where),
@@ -244,6 +251,7 @@ def shell(manifest: Manifest, target: str | None, service: str | None, version: 
     if target:
         tgt = manifest.target(target)
         values |= {"target": tgt.name, "family": tgt.family, "base_arg": tgt.base_arg}
+        values |= {"python": tgt.python, "lock": tgt.lock}
         values |= {"tags": " ".join(tgt.tag_names(version)), "tag": tgt.tag_names(version)[0]}
     return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in values.items())
 

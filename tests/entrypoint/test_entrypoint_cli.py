@@ -236,13 +236,64 @@ def test_serve_gguf_check_off_or_not_gguf(
     fake_gguf_check: list[tuple[str, str]],
 ) -> None:
     invoke({**base_env, "SERVE_MODEL": "/m/bad.gguf", "SERVE_PREFLIGHT_GGUF": "false"}, "serve")
-    invoke({**base_env, "SERVE_PREFLIGHT_GGUF": "true"}, "serve")  # org/model is no .gguf
+    invoke({**base_env, "SERVE_MODEL": "/m/model-dir"}, "serve")  # no .gguf, no check asked
     assert fake_gguf_check == []
 
 
+def test_serve_refuses_a_gguf_check_asked_for_a_model_that_is_no_gguf(
+    vllm_table,
+    base_env: dict[str, str],
+    recorder: Recorder,
+    fake_gguf_check: list[tuple[str, str]],
+) -> None:
+    """Asked for explicitly, the check is never skipped in silence."""
+    result = invoke({**base_env, "SERVE_PREFLIGHT_GGUF": "true"}, "serve")  # org/model
+    assert result.exit_code == 2, result.output
+    assert (
+        "frontier-serve: error: SERVE_PREFLIGHT_GGUF=true, but SERVE_MODEL='org/model' is not "
+        "a .gguf file" in result.output
+    )
+    assert fake_gguf_check == [] and recorder.exec_argv is None and recorder.popen_args is None
+
+
 def test_reserved_lists_names() -> None:
+    from entrypoint import settings
+
     result = invoke({}, "reserved")
     assert result.exit_code == 0 and "SERVE_READY_FILE" in result.stdout
+    for name, meaning in settings.RESERVED.items():
+        assert name in result.stdout and meaning.split(" (")[0] in result.stdout, name
+
+
+def test_each_reserved_name_is_described_once_where_reserved_shows_it() -> None:
+    source = (Path(serve_module.__file__).parent / "settings.py").read_text()
+    assert "render --help" not in source and "`frontier-serve reserved`" in source
+    # the constants carry no second description in a trailing comment
+    import re
+
+    assert not re.findall(r'(?m)^[A-Z_]+ = "SERVE_[A-Z_]+"[ \t]*#.*$', source)
+
+
+def test_serve_model_is_named_in_one_module() -> None:
+    package = Path(serve_module.__file__).parent
+    defining = [p.name for p in sorted(package.glob("*.py")) if '= "SERVE_MODEL"' in p.read_text()]
+    assert defining == ["settings.py"]
+
+
+def test_the_watcher_reaches_vllm_where_preflight_says_it_listens() -> None:
+    """One host default: health_url derives from preflight.listen_host."""
+    import argparse
+    import inspect
+
+    assert "listen_host(" in inspect.getsource(serve_module.health_url)
+    cases = [
+        (None, "http://127.0.0.1:8000"),
+        ("", "http://127.0.0.1:8000"),
+        ("::", "http://[::1]:8000"),
+        ("10.0.0.2", "http://10.0.0.2:8000"),
+    ]
+    for host, url in cases:
+        assert serve_module.health_url(argparse.Namespace(host=host, port=8000)) == url
 
 
 def test_env_file_is_layered_under_environment(

