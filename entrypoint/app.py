@@ -7,6 +7,7 @@ Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from typing import Annotated, NoReturn
 
@@ -79,6 +80,16 @@ def serve(env_file: EnvFiles = None) -> None:
     if gguf_code != 0:
         typer.echo(f"frontier-serve: error: GGUF preflight failed (exit {gguf_code})", err=True)
         raise typer.Exit(gguf_code)
+    # Values only the env files hold become this process's environment, so the
+    # watcher (SERVE_API_KEY for /v1/models) and vLLM (its own VLLM_* names) see them.
+    from_files = {name: value for name, value in env.items() if name not in os.environ}
+    os.environ.update(from_files)
+    if settings.READY_FILE in from_files and config is not None:
+        typer.echo(
+            f"frontier-serve: warning: {settings.READY_FILE} is set only in an env file; "
+            "give probe the same --env-file (or --ready-file) so it reads that file",
+            err=True,
+        )
     raise typer.Exit(exec_vllm(rendered, config))
 
 
@@ -132,21 +143,22 @@ def probe(
     max_age: Annotated[
         float | None, typer.Option("--max-age", help="heartbeat age limit in seconds")
     ] = None,
+    env_file: EnvFiles = None,
 ) -> None:
     """Exit 0 only if vLLM is ready: fresh readiness file, live pid. Prints the phase."""
     from entrypoint.probe import probe as run_probe
 
-    code, line = run_probe(ready_file or settings.ready_file_from(), max_age)
+    code, line = run_probe(ready_file or settings.ready_file_from(_environment(env_file)), max_age)
     typer.echo(line)
     raise typer.Exit(code)
 
 
 @app.command()
-def status(ready_file: ReadyFile = None) -> None:
+def status(ready_file: ReadyFile = None, env_file: EnvFiles = None) -> None:
     """Print the watcher's status JSON."""
     from entrypoint.probe import status_text
 
-    code, text = status_text(ready_file or settings.ready_file_from())
+    code, text = status_text(ready_file or settings.ready_file_from(_environment(env_file)))
     typer.echo(text)
     raise typer.Exit(code)
 

@@ -12,7 +12,10 @@ import time
 from entrypoint.settings import ready_file_from, status_path_for
 from entrypoint.statusfile import pid_alive, read_json, read_ready
 
-USAGE = "usage: frontier-serve {probe|status} [--ready-file PATH] [--max-age SECONDS]"
+USAGE = (
+    "usage: frontier-serve {probe|status} [--ready-file PATH] [--env-file FILE]... "
+    "[--max-age SECONDS]"
+)
 
 
 def probe(
@@ -64,9 +67,11 @@ def status_text(ready_file: str, now: float | None = None) -> tuple[int, str]:
 
 
 def main(argv: list[str]) -> int:
-    """Parse `probe|status [--ready-file P] [--max-age S]` by hand to avoid argparse cost."""
+    """Parse `probe|status [--ready-file P] [--env-file F]... [--max-age S]` by hand
+    (argparse costs too much). --env-file: the files `serve --env-file` was given, so
+    a SERVE_READY_FILE set only there is found too; --ready-file wins over both."""
     command, rest = argv[0], argv[1:]
-    ready_file, max_age = ready_file_from(), None
+    ready_file, env_files, max_age = None, [], None
     try:
         while rest:
             opt, *rest = rest
@@ -77,6 +82,8 @@ def main(argv: list[str]) -> int:
                 value, *rest = rest
             if key == "--ready-file":
                 ready_file = value
+            elif key == "--env-file":
+                env_files.append(value)
             elif key == "--max-age" and command == "probe":
                 max_age = float(value)
             else:
@@ -84,6 +91,15 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"{USAGE}\nerror: {exc}", file=sys.stderr)
         return 2
+    if ready_file is None:
+        from entrypoint.envfile import layered_environment
+        from entrypoint.errors import ConfigError
+
+        try:
+            ready_file = ready_file_from(layered_environment(env_files))
+        except ConfigError as exc:
+            print(f"frontier-serve: error: {exc}", file=sys.stderr)
+            return 2
     code, text = probe(ready_file, max_age) if command == "probe" else status_text(ready_file)
     print(text)
     return code

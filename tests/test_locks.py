@@ -212,6 +212,7 @@ def test_image_dependency_layer_checks_every_hash(
     assert result.returncode != 0
     assert f"{SMALL}==" in output and "DO NOT MATCH THE HASHES" in output, output
     assert "install-deps: error: pip refused" in output
+    assert "a hash mismatch names the package" in output
 
 
 def test_image_dependency_layer_refuses_a_python_without_a_lock(tmp_path: Path) -> None:

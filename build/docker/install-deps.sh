@@ -29,7 +29,7 @@ echo "install-deps: installing $(basename "$lock") (every file checked against i
 if ! "$venv/bin/python" -m pip install --quiet --progress-bar off --no-input \
         --disable-pip-version-check --require-hashes --no-deps \
         --find-links "$pins" --requirement "$lock"; then
-    echo "install-deps: error: pip refused $(basename "$lock"); a hash mismatch names the package above" >&2
+    echo "install-deps: error: pip refused $(basename "$lock"); its message above says why (a hash mismatch names the package)" >&2
     exit 1
 fi
 cp "$lock" "$venv/frontier-serve.lock"

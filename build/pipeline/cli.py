@@ -115,13 +115,7 @@ def _wheels(args: argparse.Namespace) -> int:
             args.out,
             python=args.build_python,
         )
-        ours = [rel.as_posix() for rel in vllm_series.files]
-        ours += [
-            p
-            for patch in vllm_series.patches
-            for p in series.touched_files(patch)
-            if p.startswith("vllm/")
-        ]
+        ours = [path for path in vllm_series.paths() if path.startswith("vllm/")]
         wheels.check_wheel_has_tree_files(wheel, tree, ours)
         built.append(wheel)
     for wheel in built:
@@ -157,7 +151,8 @@ def _summary(args: argparse.Namespace) -> int:
         counts = f"{len(loaded_series.patches)} patch(es), {len(loaded_series.files)} new file(s)"
         print(f"\n{upstream}: {counts}, series {loaded_series.digest()[:12]}, patched tree {tree}")
         for patch in loaded_series.patches:
-            title = patch.read_text().splitlines()[0] if patch.stat().st_size else ""
+            first = patch.read_text().splitlines()[0] if patch.stat().st_size else ""
+            title = first.removeprefix("Description: ")  # DEP-3
             print(f"  patch {patch.name}: {title}")
         for rel in loaded_series.files:
             print(f"  file  {rel.as_posix()}")

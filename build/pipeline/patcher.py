@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import PipelineError
-from .series import Series, touched_files
+from .series import Series
 
 STAMP_PREFIX = ".frontier-patches-"
 _HUNK_FAILED = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
@@ -99,7 +99,7 @@ def apply_series(series: Series, tree: Path) -> str:
             f"{series.upstream}: new file(s) from {series.files_root} would overwrite upstream: "
             + ", ".join(clashes)
         )
-    touched = sorted({path for patch in series.patches for path in touched_files(patch)})
+    touched = series.touched()
     with tempfile.TemporaryDirectory(prefix="frontier-patch-") as tmp:
         staging = Path(tmp)
         for rel in touched:

@@ -26,6 +26,14 @@ class Series:
     def files_root(self) -> Path:
         return self.root / "files"
 
+    def touched(self) -> list[str]:
+        """Tree paths the patches change, sorted (new files not included)."""
+        return sorted({path for patch in self.patches for path in touched_files(patch)})
+
+    def paths(self) -> list[str]:
+        """Every tree path the series changes or adds: what a patched tree differs in."""
+        return sorted(set(self.touched()) | {rel.as_posix() for rel in self.files})
+
     def digest(self) -> str:
         """Names and bytes of every patch and new file, in order."""
         digest = hashlib.sha256()

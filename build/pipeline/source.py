@@ -96,11 +96,15 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
         raise
 
 
-def unpack_wheel(wheel: Path, dest: Path) -> Path:
+def unpack_wheel(wheel: Path, dest: Path, package: str | None = None) -> Path:
+    """A wheel's files at dest (replacing it); with package, only `package/`
+    (a site-packages-shaped tree of that one package)."""
     staging = _staging(dest)
     try:
         with zipfile.ZipFile(wheel) as archive:
             for info in archive.infolist():
+                if package and (info.is_dir() or not info.filename.startswith(package + "/")):
+                    continue
                 target = staging / info.filename
                 if not target.resolve().is_relative_to(staging.resolve()):
                     raise PipelineError(f"{wheel.name}: unsafe path {info.filename}")

@@ -30,6 +30,7 @@ class Recorder:
     def __init__(self) -> None:
         self.exec_argv: list[str] | None = None
         self.popen_args: list[str] | None = None
+        self.popen_env: dict[str, str] = {}
 
     def execvp(self, file: str, argv: list[str]) -> None:
         self.exec_argv = argv
@@ -37,6 +38,8 @@ class Recorder:
 
     def popen(self, args: list[str], **kwargs: object) -> Any:
         self.popen_args = args
+        # what the watcher inherits (no env= is passed: it takes os.environ)
+        self.popen_env = dict(os.environ) if "env" not in kwargs else dict(kwargs["env"])
         return types.SimpleNamespace(terminate=lambda: None, wait=lambda: 0)
 
 
@@ -332,3 +335,23 @@ def test_preflight_skips_unknown_architectures_unless_asked(
     env = {"SERVE_PREFLIGHT_GGUF": explicit} if explicit else {}
     namespace = argparse.Namespace(model="/m/gemma.gguf", hf_config_path="/cfg")
     assert preflight.gguf_preflight(env, namespace) == expected
+
+
+def test_env_file_values_reach_the_watcher(
+    vllm_table,
+    base_env: dict[str, str],
+    recorder: Recorder,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SERVE_API_KEY only in the env file: the watcher needs it for /v1/models."""
+    env_file = tmp_path / "p.env"
+    ready = tmp_path / "elsewhere" / "ready"
+    env_file.write_text(f"SERVE_API_KEY=s3cret\nSERVE_READY_FILE={ready}\n")
+    env = {k: v for k, v in base_env.items() if k != "SERVE_READY_FILE"}
+    monkeypatch.delenv("SERVE_API_KEY", raising=False)
+    result = invoke(env, "serve", "--env-file", str(env_file))
+    assert recorder.popen_args is not None, result.output
+    assert recorder.popen_env.get("SERVE_API_KEY") == "s3cret"
+    assert json.loads(recorder.popen_args[-1])["ready_file"] == str(ready)
+    assert "give probe the same --env-file" in result.output

@@ -80,3 +80,20 @@ def test_main_parses_options(
     assert "no status file" in capsys.readouterr().out
     assert main(["probe", "--bogus", "1"]) == 2
     assert "unknown option --bogus" in capsys.readouterr().err
+
+
+def test_probe_reads_the_ready_file_an_env_file_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --env-file F` with SERVE_READY_FILE only in F: `probe --env-file F` finds it."""
+    import time
+
+    ready = write_ready(tmp_path, time.time())
+    env_file = tmp_path / "profile.env"
+    env_file.write_text(f"SERVE_READY_FILE={ready}\n")
+    assert main(["probe", "--env-file", str(env_file)]) == 0
+    assert capsys.readouterr().out.startswith("ready: pid")
+    assert main(["probe"]) == 1  # the default path holds nothing
+    capsys.readouterr()
+    assert main(["probe", "--env-file", str(tmp_path / "missing.env")]) == 2
+    assert "frontier-serve: error: env file" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import image, locks, pins
+from pipeline import image, locks, pins, source
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = (REPO / "Dockerfile").read_text()
@@ -179,7 +179,7 @@ def test_unpack_package_takes_only_that_package(tmp_path: Path) -> None:
         archive.writestr("demo/sub/mod.py", "y = 2\n")
         archive.writestr("demo-1.0.dist-info/RECORD", "")
         archive.writestr("other/__init__.py", "")
-    tree = image.unpack_package(wheel, "demo", tmp_path / "tree")
+    tree = source.unpack_wheel(wheel, tmp_path / "tree", package="demo")
     files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
     assert files == ["demo/__init__.py", "demo/sub/mod.py"]
 
@@ -256,3 +256,27 @@ def test_cuda_image_builds_vllm_in_its_own_venv_and_can_jit() -> None:
     assert "cuda-home.sh /opt/venv /opt/cuda" in deps
     assert "CUDA_HOME=/opt/cuda" in deps and "/opt/cuda/bin" in deps
     assert stages["runtime"].startswith("FROM cuda-deps AS runtime")
+
+
+def test_every_bind_mounted_path_is_in_the_build_context() -> None:
+    """.dockerignore is an allow-list: a bind mount of a path it leaves out fails
+    the build ("not found") only when that stage runs."""
+    import fnmatch
+
+    allowed = [
+        line[1:].rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    sources = set(re.findall(r"--mount=type=bind,source=([^,\s]+)", DOCKERFILE))
+    sources |= set(re.findall(r"(?m)^COPY (?!--from)(\S+)", DOCKERFILE))
+    assert sources
+    for mounted in sorted(sources):
+        path = mounted.rstrip("/")
+        covered = any(
+            fnmatch.fnmatch(path, rule)
+            or path.startswith(f"{rule}/")
+            or rule.startswith(f"{path}/")
+            for rule in allowed
+        )
+        assert covered, f"{mounted} is bind-mounted but .dockerignore leaves it out"
