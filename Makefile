@@ -53,7 +53,7 @@ venv-rebuild: fetch ## rebuild the CPU test tier from scratch
 	$(PIPELINE) venv --venv $(VENV) --fresh
 
 lint: venv ## ruff over everything we own
-	$(VPY) -m ruff check build entrypoint tests patches
+	$(VPY) -m ruff check build entrypoint fixtures tests patches
 
 # The interpreted-Triton tests run in their own process: once the GGUF plugin's
 # Triton modules are imported (collecting tests/gguf*), the interpreter no

@@ -1,4 +1,4 @@
-"""The typer application: render, serve, fetch-config, probe, status, check-gguf, tiny-model,
+"""The typer application: render, serve, fetch-config, probe, status, check-gguf,
 reserved.
 
 Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
@@ -176,17 +176,6 @@ def check_gguf(
     except ConfigError as exc:
         fail(exc)
     raise typer.Exit(code)
-
-
-@app.command("tiny-model")
-def tiny_model(
-    directory: Annotated[str, typer.Argument(help="folder to write the model into")],
-    seed: Annotated[int, typer.Option(help="random seed for the weights")] = 0,
-) -> None:
-    """Write a tiny random Qwen3 model (deterministic, offline) for smoke tests."""
-    from entrypoint.tiny_model import build_tiny_model
-
-    typer.echo(build_tiny_model(directory, seed=seed))
 
 
 @app.command()

@@ -6,43 +6,20 @@ quant types and bytes. Exit status: 0 when the file would load, 1 on any gap,
 2 when the inputs cannot be read at all.
 
 The layout table and the header reader live in the patched vllm-gguf-plugin
-(one source of truth with the loader). They are stdlib(+gguf)-only modules,
-loaded here by file path so that importing the plugin package, and with it
-vLLM and torch, is avoided: the check must take seconds.
+(one source of truth with the loader); `entrypoint.plugin_files` loads them
+without importing the plugin package (vLLM, torch): the check must take seconds.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from entrypoint import plugin_files
 from entrypoint.errors import GGUF_NO_LAYOUT
-
-_PLUGIN = "vllm_gguf_plugin"
-_MODULES = {"headers": "gguf_headers.py", "layout": "weights_adapter/mla_layout.py"}
-
-
-def _plugin_module(key: str) -> ModuleType:
-    spec = importlib.util.find_spec(_PLUGIN)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"{_PLUGIN} is not installed; check-gguf uses its layout tables")
-    path = Path(next(iter(spec.submodule_search_locations))) / _MODULES[key]
-    name = f"_check_gguf_{key}"
-    if name in sys.modules:
-        return sys.modules[name]
-    mod_spec = importlib.util.spec_from_file_location(name, path)
-    if mod_spec is None or mod_spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    mod_spec.loader.exec_module(module)
-    return module
 
 
 def load_hf_config(hf_config: str) -> dict[str, Any]:
@@ -74,7 +51,7 @@ def _histogram(tensors: list[Any]) -> list[str]:
 
 def check(path: str, hf_config: str, out: Callable[[str], None] = print) -> int:
     start = time.perf_counter()
-    headers_mod, layout_mod = _plugin_module("headers"), _plugin_module("layout")
+    headers_mod, layout_mod = plugin_files.module("headers"), plugin_files.module("layout")
     try:
         cfg = load_hf_config(hf_config)
     except (OSError, ValueError) as exc:

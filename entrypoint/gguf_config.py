@@ -23,14 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import struct
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from entrypoint import plugin_files
+from entrypoint.cachedir import frontier_cache
 from entrypoint.errors import ConfigError
-from entrypoint.gguf_models import frontier_cache
 from entrypoint.settings import MODEL
 
 HF_CONFIG_PATH = "SERVE_HF_CONFIG_PATH"
@@ -54,54 +54,18 @@ def needs_extraction(env: Mapping[str, str]) -> Path | None:
     return path.resolve()
 
 
-_STRING, _ARRAY = 8, 9
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}  # fmt: skip
-
-
 def gguf_header_fields(path: Path, wanted: set[str]) -> dict[str, object]:
     """Scalar and string metadata of a GGUF header, for the keys in `wanted`.
 
-    A small reader of our own: gguf-py's GGUFReader parses every field, which for
-    a 262k-token vocabulary takes a minute of pure Python; we skip what we don't want.
-    """
-
-    def skip(handle, kind: int) -> None:  # type: ignore[no-untyped-def]
-        if kind == _STRING:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            handle.seek(length, 1)
-        elif kind == _ARRAY:
-            item, count = struct.unpack("<IQ", handle.read(12))
-            if item in _SCALARS:
-                handle.seek(struct.calcsize(_SCALARS[item]) * count, 1)
-            else:
-                for _ in range(count):
-                    skip(handle, item)
-        else:
-            handle.seek(struct.calcsize(_SCALARS[kind]), 1)
-
-    found: dict[str, object] = {}
-    with path.open("rb") as handle:
-        magic, version, _tensors, n_kv = struct.unpack("<4sIQQ", handle.read(24))
-        if magic != b"GGUF" or version < 2:
-            raise ConfigError(f"{path}: not a GGUF v2+ file")
-        for _ in range(n_kv):
-            if len(found) == len(wanted):
-                break
-            (length,) = struct.unpack("<Q", handle.read(8))
-            key = handle.read(length).decode("utf-8", "replace")
-            (kind,) = struct.unpack("<I", handle.read(4))
-            if key in wanted and kind == _STRING:
-                (size,) = struct.unpack("<Q", handle.read(8))
-                found[key] = handle.read(size).decode("utf-8", "replace")
-            elif key in wanted and kind in _SCALARS:
-                fmt = _SCALARS[kind]
-                (found[key],) = struct.unpack(fmt, handle.read(struct.calcsize(fmt)))
-            else:
-                skip(handle, kind)
-    return found
+    Read with the patched plugin's header reader (bounds-checked; tokenizer
+    tables are skipped, not decoded): gguf-py's GGUFReader parses every field,
+    which for a 262k-token vocabulary takes a minute of pure Python."""
+    headers = plugin_files.module("headers")
+    try:
+        fields = headers.read_header(path).fields
+    except headers.GGUFHeaderError as exc:
+        raise ConfigError(str(exc)) from None
+    return {key: fields[key] for key in wanted if fields.get(key) is not None}
 
 
 def gguf_architecture(path: Path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.gguf_models import ModelAssemblyError, gemma_gguf
+from fixtures.gguf_models import ModelAssemblyError, gemma_gguf
 
 
 @pytest.fixture(scope="session")

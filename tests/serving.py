@@ -172,8 +172,15 @@ def start_serve(folder: Path, **settings: str) -> Served:
 
 def run_entrypoint(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m entrypoint ARGS` from the repository, output captured."""
+    return run_module("entrypoint", *args, timeout=timeout)
+
+
+def run_module(
+    module: str, *args: str, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS` from the repository (e.g. fixtures.tiny_model), output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "entrypoint", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": PYTHONPATH},

@@ -72,7 +72,7 @@ with_venv() {
     make --no-print-directory venv >/dev/null
     local dir=$REPO/.work/smoke
     mkdir -p "$dir"
-    [[ -f $dir/model/config.json ]] || .venv/bin/python -m entrypoint tiny-model "$dir/model" >/dev/null
+    [[ -f $dir/model/config.json ]] || .venv/bin/python -m fixtures.tiny_model "$dir/model" >/dev/null
     export SERVE_MODEL=$dir/model SERVE_SERVED_MODEL_NAME=$model SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
         SERVE_MAX_MODEL_LEN=512 SERVE_MAX_NUM_SEQS=4 SERVE_ENFORCE_EAGER=true SERVE_READY_FILE=$dir/run/ready \
         VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1

@@ -67,15 +67,20 @@ def _file_entry(path: Path, where: str, key: str, entry: dict) -> PinnedFile:
     return PinnedFile(key=key, **{k: entry.get(k, "") for k in (*REQUIRED, "role")})
 
 
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file's tables, or a PipelineError naming the file (missing, or where it breaks)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{what} not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineError(f"{path}: invalid TOML: {exc}") from None
+
+
 def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
     """The pins; with vllm set to a version of a [next-vllm."X.Y.Z"] table, its
     files replace the default ones of the same keys (the next vLLM, checked early)."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"pins file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PipelineError(f"{path}: invalid TOML: {exc}") from None
+    data = read_toml(path, "pins file")
     files: dict[str, PinnedFile] = {}
     for key, entry in (data.get("files") or {}).items():
         files[key] = _file_entry(path, f"files.{key}", key, entry)

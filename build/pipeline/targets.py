@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,12 +124,7 @@ def _required(entry: dict, keys: tuple[str, ...], where: str) -> None:
 
 
 def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Manifest:
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"targets manifest not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PipelineError(f"{path}: invalid TOML: {exc}") from None
+    data = pins.read_toml(path, "targets manifest")
     known_pins = set((loaded_pins or pins.load()).files)
 
     def check_pins(keys: tuple[str, ...], where: str) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.entrypoint.stand_in_hub import running_stand_in_hub
-from tests.serving import run_entrypoint, session_pids, start_serve
+from tests.serving import run_entrypoint, run_module, session_pids, start_serve
 
 pytestmark = pytest.mark.vllm_server
 REPO_ID = "acme/tiny-qwen3"
@@ -24,7 +24,7 @@ def test_offline_start_from_config_and_tokenizer_fetched_from_the_stand_in_hub(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = tmp_path / "model"
-    built = run_entrypoint("tiny-model", str(model), timeout=300)
+    built = run_module("fixtures.tiny_model", str(model), timeout=300)
     assert built.returncode == 0, built.stderr
     weights = tmp_path / "weights"  # what the GGUF folder is for GLM-5: no config.json
     weights.mkdir()

@@ -100,9 +100,10 @@ def test_probe_fails_without_ready_file(tmp_path: Path) -> None:
 def test_help_lists_commands() -> None:
     result = run_entrypoint("-m", "entrypoint", "--help")
     assert result.returncode == 0
-    commands = ("render", "serve", "fetch-config", "probe", "status", "check-gguf", "tiny-model")
+    commands = ("render", "serve", "fetch-config", "probe", "status", "check-gguf", "reserved")
     for command in commands:
         assert command in result.stdout
+    assert "tiny-model" not in result.stdout  # a fixture (fixtures/), not a runtime command
 
 
 class FakeVllm(BaseHTTPRequestHandler):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.tiny_model import build_tiny_model
+from fixtures.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.slow  # imports torch and transformers
 

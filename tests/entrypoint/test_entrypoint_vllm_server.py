@@ -1,4 +1,4 @@
-"""`serve` against a real vLLM on CPU, with the tiny model built by `tiny-model`.
+"""`serve` against a real vLLM on CPU, with the tiny model built by `fixtures.tiny_model`.
 
 Three vLLM starts in all: one shared server (ready file, completion, probe, then a
 clean SIGTERM), one that is killed with SIGKILL, and one whose model does not exist.
@@ -18,6 +18,7 @@ from tests.serving import (
     Served,
     gone,
     run_entrypoint,
+    run_module,
     session_pids,
     start_serve,
     wait_for,
@@ -47,7 +48,7 @@ def stop(served: Served) -> None:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Built with the project's own command, as the CPU smoke image does."""
     folder = tmp_path_factory.mktemp("tiny") / "model"
-    result = run_entrypoint("tiny-model", str(folder), timeout=300)
+    result = run_module("fixtures.tiny_model", str(folder), timeout=300)
     assert result.returncode == 0, result.stderr
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
     return str(folder)

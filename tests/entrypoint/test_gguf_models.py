@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import gguf_models
+from fixtures import gguf_models
 from pipeline import fetch, image, paths, pins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_a_missing_part_is_named(tmp_path: Path) -> None:
 @pytest.mark.process
 def test_command_line(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "entrypoint.gguf_models", *args],
+        return subprocess.run([sys.executable, "-m", "fixtures.gguf_models", *args],
                               cwd=REPO, capture_output=True, text=True, check=False)  # fmt: skip
 
     assert run("--wheels").returncode == 2

@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from entrypoint.gguf_check import _plugin_module  # noqa: E402
+from entrypoint.plugin_files import module as plugin_module  # noqa: E402
 
 GLM5 = {
     "model_type": "glm_moe_dsa", "hidden_size": 6144, "num_attention_heads": 64,
@@ -56,7 +56,7 @@ def nbytes(shape: tuple[int, ...], t: gguf.GGMLQuantizationType) -> int:
 
 def plan(target: int) -> tuple[dict, dict]:
     """A GLM-5 config with as many layers (8 experts each) as fit *target* bytes."""
-    layout_mod = _plugin_module("layout")
+    layout_mod = plugin_module("layout")
     cfg = dict(GLM5, n_routed_experts=8, num_hidden_layers=4)
     for layers in range(4, 79):
         cfg["num_hidden_layers"] = layers

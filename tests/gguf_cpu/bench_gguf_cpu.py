@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from entrypoint.gguf_config import extract  # noqa: E402
-from entrypoint.gguf_models import gemma_gguf  # noqa: E402
+from fixtures.gguf_models import gemma_gguf  # noqa: E402
 from tests.serving import Served, session_pids, start_serve  # noqa: E402
 
 

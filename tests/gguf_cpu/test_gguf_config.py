@@ -105,3 +105,34 @@ def test_rendered_argv_carries_the_extracted_folder(gemma_path: Path) -> None:
     folder = env[HF_CONFIG_PATH]
     assert argv[argv.index("--hf-config-path") + 1] == folder
     assert argv[argv.index("--tokenizer") + 1] == folder
+
+
+def test_one_gguf_header_reader_with_bounds_checks(tmp_path: Path) -> None:
+    """gguf_config reads through the plugin's gguf_headers: a truncated file is
+    a ConfigError naming it, not a struct.error or a silent short read."""
+    import entrypoint.gguf_config as gguf_config
+
+    source = Path(gguf_config.__file__).read_text()
+    assert "struct" not in source and "plugin_files.module(\"headers\")" in source
+    model = write_gguf(tmp_path / "m.gguf", "gemma3", add_bos=True)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(model.read_bytes()[:200])
+    with pytest.raises(ConfigError, match=r"cut\.gguf: header ends early"):
+        gguf_header_fields(cut, {"general.architecture"})
+
+
+def test_plugin_files_fall_back_to_the_overlay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the plugin is not installed (the gguf-config image stage), the same
+    modules come from patches/vllm-gguf-plugin/files."""
+    import importlib.util
+
+    from entrypoint import plugin_files
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == plugin_files.PLUGIN else real(name, *a),
+    )
+    assert plugin_files.plugin_root() == plugin_files.OVERLAY
+    assert (plugin_files.OVERLAY / "gguf_headers.py").is_file()

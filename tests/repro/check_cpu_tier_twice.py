@@ -56,26 +56,39 @@ def site_packages(venv: Path) -> Path:
 
 
 def freeze(venv: Path) -> list[str]:
+    """`pip freeze --all`, with the build's own folder replaced: the pinned wheels
+    are installed from its download cache, so their lines name that folder (next
+    to the file's sha256, which must match)."""
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "freeze", "--all"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    # The editable project names its checkout; the same in both builds.
-    return out.splitlines()
+    return out.replace(str(venv.parent), "<build>").splitlines()
 
 
 def records(venv: Path) -> dict[str, str]:
-    """distribution -> sha256 of its RECORD, with the venv's own path replaced
-    (console scripts name it; the two venvs lie in different folders)."""
+    """distribution -> sha256 over every file its RECORD lists (path and bytes).
+
+    Bytes are compared with the build's folder replaced: console scripts carry
+    the venv's path in their first line, and direct_url.json the folder a pinned
+    wheel was installed from; the two builds lie in different folders. Bytecode
+    (.pyc) is left out: pip compiles it at install time, stamped with the
+    install time, and Python rewrites it when stale."""
     site = site_packages(venv)
+    root = str(venv.parent).encode()
     out = {}
     for record in sorted(site.glob("*.dist-info/RECORD")):
-        text = record.read_text().replace(str(venv), "<venv>")
-        # pip records the bytecode it compiled; their hashes embed source mtimes.
-        lines = [line for line in text.splitlines() if ".pyc," not in line]
-        out[record.parent.name] = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+        digest = hashlib.sha256()
+        for line in sorted(record.read_text().splitlines()):
+            rel = line.rsplit(",", 2)[0]
+            path = (site / rel).resolve()
+            if rel.endswith(".pyc") or path == record.resolve() or not path.is_file():
+                continue
+            digest.update(rel.encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes().replace(root, b"<build>")).digest())
+        out[record.parent.name] = digest.hexdigest()
     return out
 
 
@@ -122,7 +135,7 @@ def main() -> int:
     for dist in sorted(set(rec_a) | set(rec_b)):
         if rec_a.get(dist) != rec_b.get(dist):
             print(f"  RECORD differs: {dist}")
-    if not args.keep:
+    if not args.keep and not args.compare:
         shutil.rmtree(base, ignore_errors=True)
     return 0 if all(same for *_, same in rows) else 1
 
