@@ -87,3 +87,14 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path) -> None:
     (root / "a.py").write_text("from . import b\n")
     (root / "b.py").write_text("def f():\n    from demo.a import x\n")
     assert find_cycle(import_graph("demo", root)) == ["demo.a", "demo.b", "demo.a"]
+
+
+def test_every_test_folder_is_a_package() -> None:
+    """Folders of test modules carry __init__.py, so pytest names their modules by
+    package (tests.gguf.conftest, not a bare conftest that collides with another)."""
+    tests = Path(__file__).resolve().parent
+    folders = {path.parent for path in tests.rglob("test_*.py")}
+    missing = sorted(
+        str(f.relative_to(tests)) for f in folders if not (f / "__init__.py").is_file()
+    )
+    assert not missing, f"no __init__.py in tests/{', tests/'.join(missing)}"
