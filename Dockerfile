@@ -99,7 +99,7 @@ RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
 
 # ---------------------------------------------------------------- cpu-deps
 FROM py-base AS cpu-deps
-# Depends only on the pinned wheels, the requirement list and this script.
+# Depends only on the pinned wheels, the target's locks and this script.
 RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
     --mount=type=bind,source=.work/context/deps,target=/cache/deps \
     --mount=type=cache,target=/root/.cache/pip \

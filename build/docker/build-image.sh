@@ -16,18 +16,19 @@ source build/docker/engine.sh
 
 target=${1:-runtime-cpu}
 shift || true
+tags=
 if [[ $target == builder-check ]]; then
     # The pipeline-test stage (make check-image); it reads nothing from the context.
-    context=runtime-cpu tags=(frontier-serve:builder-check)
+    context=runtime-cpu tags=frontier-serve:builder-check
 else
     context=$target
     facts=$(PYTHONPATH=build python3 -m pipeline targets shell --target "$target") || {
         echo "usage: $0 TARGET [docker build args...]  (a target of build/targets.toml, or builder-check)" >&2
         exit 2
     }
-    eval "$facts"
-    read -r -a tags <<<"$tags"
+    eval "$facts"  # sets tags (space-separated), among others
 fi
+read -r -a tag_list <<<"$tags"
 
 pick_docker
 [[ -n $DOCKER ]] || { log "no Docker client that can build with BuildKit"; exit 1; }
@@ -45,7 +46,7 @@ if [[ $target != builder-check ]]; then
         [[ -n $line ]] && args+=(--label "$line")
     done <".work/context/$context.labels"
 fi
-for tag in "${tags[@]}"; do
+for tag in "${tag_list[@]}"; do
     args+=(--tag "$tag")
 done
 [[ -n ${DEBIAN_BASE:-} ]] && args+=(--build-arg "DEBIAN_BASE=$DEBIAN_BASE")
@@ -60,6 +61,6 @@ if [[ -n $ca && -s $ca ]]; then
     args+=(--secret "id=ca,src=$ca")
 fi
 
-log "building $target as ${tags[*]} with $DOCKER"
+log "building $target as ${tag_list[*]} with $DOCKER"
 DOCKER_BUILDKIT=1 "$DOCKER" build --network=host --target "$target" "${args[@]}" "$@" .
-log "built ${tags[0]}"
+log "built ${tag_list[0]}"

@@ -48,6 +48,8 @@ wait_health() {  # wait_health WANTED SECONDS
     log "compose reports $service $1"
 }
 
+# Set by `pipeline targets shell` (build/targets.toml) in up() and before the label check.
+model='' prompt='' wait='' tag=''
 up() {  # up SERVICE: a free port, compose up --wait (wait from build/targets.toml), healthy, probe
     local facts
     facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$1")

@@ -21,7 +21,8 @@ for candidate in "$deps"/*-py"$version"-*.txt; do
     [ -f "$candidate" ] && lock=$candidate
 done
 if [ -z "$lock" ]; then
-    echo "install-deps: error: no lock for Python $version in $deps (have: $(cd "$deps" && ls ./*.txt | tr '\n' ' '));" \
+    have=$(for file in "$deps"/*.txt; do printf '%s ' "${file##*/}"; done)
+    echo "install-deps: error: no lock for Python $version in $deps (have: $have);" \
         "add $version to the lock's pythons in build/targets.toml and run make lock" >&2
     exit 1
 fi

@@ -15,6 +15,7 @@ cd "$REPO"
 source build/docker/engine.sh
 service=${1:-smoke}
 # Port, model, prompt and wait of each smoke service: build/targets.toml.
+target='' port='' port_env='' model='' prompt='' wait=''
 facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$service" 2>/dev/null) || facts=
 eval "$facts"
 if [[ -z ${model:-} ]]; then
