@@ -91,7 +91,9 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"{USAGE}\nerror: {exc}", file=sys.stderr)
         return 2
-    if ready_file is None:
+    if ready_file is None and not env_files:
+        ready_file = ready_file_from()
+    elif ready_file is None:
         from entrypoint.envfile import layered_environment
         from entrypoint.errors import ConfigError
 

@@ -64,9 +64,7 @@ def ensure(tree: Path) -> str:
     if env.exists():
         shutil.rmtree(env)
     config = pipconfig.read()
-    index_args = ["--index-url", config.index_urls[0]]
-    for extra in config.index_urls[1:]:
-        index_args += ["--extra-index-url", extra]
+    index_args = pipconfig.index_args(config)
     if config.cert:
         index_args += ["--cert", config.cert]
     print(f"[wheels] creating build env {env} from {lock.name} (once; the CUDA torch is large)")

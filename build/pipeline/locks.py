@@ -192,9 +192,11 @@ def parse(text: str) -> dict[str, Entry]:
     return entries
 
 
-def recorded_inputs(text: str) -> list[str]:
-    """The requirement lines a lock's header says it was resolved from."""
-    return [line[len("# input: ") :] for line in text.splitlines() if line.startswith("# input: ")]
+def recorded_inputs(text: str, field: str = "input") -> list[str]:
+    """The values of a repeated header field: by default the requirement lines a
+    lock's header says it was resolved from; `constraint` for its constraint locks."""
+    prefix = f"# {field}: "
+    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
 
 
 def header_value(text: str, key: str) -> str:
@@ -221,11 +223,8 @@ def _uv(explicit: str | None) -> str:
 
 
 def _index_args(config: pipconfig.PipConfig) -> list[str]:
-    args = ["--index-url", config.index_urls[0]]
-    for extra in config.index_urls[1:]:
-        args += ["--extra-index-url", extra]
     # pip's rule: the best version across every index, not the first index that has a name.
-    return [*args, "--index-strategy", "unsafe-best-match"]
+    return [*pipconfig.index_args(config), "--index-strategy", "unsafe-best-match"]
 
 
 def _pin_hashes(body: str, spec: targets.LockSpec, loaded: pins.Pins, lock: Path) -> str:
@@ -370,21 +369,17 @@ def check(manifest: targets.Manifest, loaded: pins.Pins) -> list[str]:
     for stray in sorted(set(LOCKS_DIR.glob("*.txt")) - expected):
         problems.append(f"{stray.name}: no [locks.*] entry of build/targets.toml makes it")
     for spec in ordered(manifest):
+        lines = inputs(spec, loaded)  # reads the pinned wheel or sdist: once per lock
         for python in spec.pythons:
             lock = path(spec, python)
             if not lock.is_file():
                 problems.append(f"{lock.name}: missing (make lock)")
                 continue
             text = lock.read_text()
-            lines = inputs(spec, loaded)
             want = input_digest(spec, python, lines, loaded, manifest)
             if header_value(text, "input-sha256") != want:
                 changed = sorted(set(lines) ^ set(recorded_inputs(text)))
-                recorded = [
-                    line[len("# constraint: ") :]
-                    for line in text.splitlines()
-                    if line.startswith("# constraint: ")
-                ]
+                recorded = recorded_inputs(text, "constraint")
                 moved = sorted(set(_constraint_lines(spec, python, manifest)) - set(recorded))
                 what = (
                     f"inputs changed: {', '.join(changed)}"

@@ -19,6 +19,14 @@ class PipConfig:
     no_index: bool = False
 
 
+def index_args(config: PipConfig) -> list[str]:
+    """--index-url / --extra-index-url for the configured indexes (pip and uv read both)."""
+    args = ["--index-url", config.index_urls[0]]
+    for extra in config.index_urls[1:]:
+        args += ["--extra-index-url", extra]
+    return args
+
+
 def _split(value: str) -> list[str]:
     return [part for part in value.split() if part]
 
