@@ -47,13 +47,13 @@ venv: fetch ## create or update the CPU test tier in .venv
 	$(PIPELINE) venv --venv $(VENV)
 
 repro-cpu-tier: ## build the CPU test tier twice from empty caches; compare pip freeze, file hashes, tree digests
-	$(PYTHON) tests/repro/check_cpu_tier_twice.py
+	$(PYTHON) checks/repro/check_cpu_tier_twice.py
 
 venv-rebuild: fetch ## rebuild the CPU test tier from scratch
 	$(PIPELINE) venv --venv $(VENV) --fresh
 
 lint: venv ## ruff over everything we own
-	$(VPY) -m ruff check build entrypoint fixtures tests patches
+	$(VPY) -m ruff check build entrypoint fixtures tests bench checks patches
 
 # The interpreted-Triton tests run in their own process: once the GGUF plugin's
 # Triton modules are imported (collecting tests/gguf*), the interpreter no
@@ -81,11 +81,11 @@ test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine; without a 
 		tests/kernels tests/backend/test_backend_kernel_call.py
 
 bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain python3 + pip, no torch)
-	$(PYTHON) tests/kernels/bench_peers.py
+	$(PYTHON) bench/kernels/bench_peers.py
 
 BENCH_ARGS ?=
 bench-kernels: ## kernel benchmark table against the floor and the peers (GPU machine)
-	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) tests/kernels/bench_sparse_mla.py run $(BENCH_ARGS)
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) bench/kernels/bench_sparse_mla.py run $(BENCH_ARGS)
 
 summary: patch-check ## patch every upstream and print pins, series, digests and wheels
 	@$(PIPELINE) summary
@@ -97,7 +97,7 @@ smoke-gguf: ## CPU GGUF image + compose `smoke-gguf` (Gemma 3 270M Q4_K_M): read
 	build/docker/smoke.sh smoke-gguf
 
 bench-gguf-cpu: venv ## GGUF-on-CPU baseline: load time, peak RSS, tokens/s (Gemma 3 270M Q4_K_M)
-	$(VPY) tests/gguf_cpu/bench_gguf_cpu.py
+	$(VPY) bench/gguf_cpu/bench_gguf_cpu.py
 
 image: ## build the CUDA image frontier-serve:cuda (GPU host; pulls the CUDA base)
 	build/docker/build-image.sh runtime

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -188,3 +189,19 @@ def run_module(
         check=False,
         timeout=timeout,
     )
+
+
+def start_gemma(dtype: str) -> tuple[Served, Path]:
+    """`serve` Gemma 3 270M Q4_K_M on 127.0.0.1 in its own session; returns at once."""
+    from entrypoint.gguf_config import extract
+    from fixtures.gguf_models import gemma_gguf
+
+    model = gemma_gguf()
+    extract(model)  # the entrypoint's config cache, warm: extraction stays out of the timing
+    served = start_serve(
+        Path(tempfile.mkdtemp(prefix="gguf-cpu-")),
+        SERVE_MODEL=str(model),  # serve finds config + tokenizer in the cache warmed above
+        SERVE_QUANTIZATION="gguf",
+        SERVE_DTYPE=dtype,
+    )
+    return served, model

@@ -5,7 +5,7 @@
 #  3. build runtime: CUDA_BASE as given, else nvidia/cuda when the engine has it,
 #     else a Debian base made here (the stand-in base CI uses; users keep nvidia/cuda)
 #  4. the image's labels equal `make patch-check`'s digests and the pinned wheel's hash
-#  5. tests/image/check_cuda_image.py inside the image as uid 10001
+#  5. checks/image/check_cuda_image.py inside the image as uid 10001
 # Any failing step fails the run.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -77,6 +77,6 @@ log "every staged label is the image's; the venv holds its lock; user $user"
 
 step "checks inside the image (uid 10001, no GPU, no network)"
 "$DOCKER" run --rm --network=none -v "$REPO:/checks:ro" --entrypoint python "$IMAGE" \
-    /checks/tests/image/check_cuda_image.py
+    /checks/checks/image/check_cuda_image.py
 "$DOCKER" image ls "$IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 step "check-image passed"

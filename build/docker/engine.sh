@@ -28,7 +28,7 @@ labels_match() {
 
 # installed_matches_lock IMAGE: the image's venv holds exactly its lock's versions.
 installed_matches_lock() {
-    "$DOCKER" run --rm --network=none -v "$REPO/tests/image:/checks:ro" --entrypoint python "$1" \
+    "$DOCKER" run --rm --network=none -v "$REPO/checks/image:/checks:ro" --entrypoint python "$1" \
         /checks/check_lock_installed.py /opt/venv/frontier-serve.lock
 }
 

@@ -53,6 +53,6 @@ shell_scripts() {
 }
 mapfile -t scripts < <(shell_scripts)
 check "shellcheck (${#scripts[@]} scripts)" "$bin/shellcheck" -x "${scripts[@]}"
-check "ruff (image code)" "$bin/ruff" check build/pipeline/image.py tests/image
+check "ruff (image code)" "$bin/ruff" check build/pipeline/image.py checks/image
 
 exit "$failed"

@@ -66,7 +66,7 @@ with_venv() {
     if [[ $service == smoke-gguf ]]; then
         log "no Docker engine could be reached or started: serving the GGUF from the CPU test tier"
         make --no-print-directory venv >/dev/null
-        exec .venv/bin/python tests/gguf_cpu/smoke_gguf.py
+        exec .venv/bin/python checks/gguf_cpu/smoke_gguf.py
     fi
     log "no Docker engine could be reached or started: running the same entrypoint,"
     log "tiny model and readiness file directly from the CPU test tier (.venv)"

@@ -18,7 +18,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CHECKS = ["check_selection_with_cuda_ext_stubs.py", "check_backend_triton_interpreted.py"]
+CHECKS = [REPO / "checks" / "backend" / name for name in
+          ("check_selection_with_cuda_ext_stubs.py", "check_backend_triton_interpreted.py")]
 
 pytestmark = [
     pytest.mark.vllm,
@@ -42,7 +43,7 @@ def test_vllm_checks_in_child_with_cuda_ext_stubs_and_triton_interpreter() -> No
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         "-p", "tests.backend.stand_ins", "-o", "python_files=check_*.py",
-        *(str(HERE / name) for name in CHECKS),
+        *map(str, CHECKS),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}"

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from make_tiny_glm5_gguf import CONFIG, GGUF_NAME, Tiny, make_tiny, write_gguf  # noqa: E402
+from fixtures.tiny_glm5_gguf import CONFIG, GGUF_NAME, Tiny, make_tiny, write_gguf
 
 
 @pytest.fixture(scope="session")

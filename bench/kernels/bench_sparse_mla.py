@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[2])]
 from bench_peers import PEERS  # noqa: E402
-from kernel_loader import load_kernel_module  # noqa: E402
+
+from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
 
 TOPK = 2048
 HEADS = (8, 16, 32, 64, 128)

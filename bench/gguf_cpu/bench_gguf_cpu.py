@@ -4,7 +4,7 @@ Prints the time until the readiness file appears, vLLM's own model-load figure,
 the peak RSS of every process of the server (VmHWM), and tokens per second of
 a 128-token greedy completion (after one short warm-up request).
 
-    .venv/bin/python tests/gguf_cpu/bench_gguf_cpu.py [--dtype float32|bfloat16] [--tokens 128]
+    .venv/bin/python bench/gguf_cpu/bench_gguf_cpu.py [--dtype float32|bfloat16] [--tokens 128]
 """
 
 from __future__ import annotations
@@ -13,16 +13,13 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from entrypoint.gguf_config import extract  # noqa: E402
-from fixtures.gguf_models import gemma_gguf  # noqa: E402
-from tests.serving import Served, session_pids, start_serve  # noqa: E402
+from tests.serving import session_pids, start_gemma  # noqa: E402
 
 
 def peak_rss_mib(pid: int) -> tuple[str, float] | None:
@@ -33,19 +30,6 @@ def peak_rss_mib(pid: int) -> tuple[str, float] | None:
         return None
     match = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
     return (name, int(match.group(1)) / 1024) if match else None
-
-
-def start_gemma(dtype: str) -> tuple[Served, Path]:
-    """`serve` Gemma 3 270M Q4_K_M on 127.0.0.1 in its own session; returns at once."""
-    model = gemma_gguf()
-    extract(model)  # the entrypoint's config cache, warm: extraction stays out of the timing
-    served = start_serve(
-        Path(tempfile.mkdtemp(prefix="gguf-cpu-")),
-        SERVE_MODEL=str(model),  # serve finds config + tokenizer in the cache warmed above
-        SERVE_QUANTIZATION="gguf",
-        SERVE_DTYPE=dtype,
-    )
-    return served, model
 
 
 def log_span(text: str, first: str, then: str) -> float | None:

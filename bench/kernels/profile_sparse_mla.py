@@ -1,7 +1,7 @@
 """Run one sparse-MLA config on one cell, for a profiler (GPU machine).
 
   ncu --clock-control none -k regex:_sparse_mla_split -c 1 -s 2 \\
-      python3 tests/kernels/profile_sparse_mla.py --heads 32 --tokens 128 --config 32,64,8,3,1
+      python3 bench/kernels/profile_sparse_mla.py --heads 32 --tokens 128 --config 32,64,8,3,1
 
 --config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm]; without it
 the launch-time choice runs. Three launches: two warm-ups, then the profiled one.
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kernel_loader import load_kernel_module  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
 
 
 def main() -> int:

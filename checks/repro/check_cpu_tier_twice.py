@@ -1,6 +1,6 @@
 """Build the CPU test tier twice from empty caches and compare the results.
 
-    python3 tests/repro/check_cpu_tier_twice.py [--keep DIR]     (make repro-cpu-tier)
+    python3 checks/repro/check_cpu_tier_twice.py [--keep DIR]     (make repro-cpu-tier)
 
 Each build gets its own empty download cache (FRONTIER_CACHE), work folder and
 pip cache, so every file comes from the indexes again. Then, for the two venvs:

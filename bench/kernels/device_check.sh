@@ -2,7 +2,7 @@
 # One call on the GPU machine: `make test-kernels` (every test; a gpu test that
 # skips fails), then the benchmark table. The benchmark compiles its builds in
 # parallel while the tests run and starts timing only once they have finished.
-# Usage (repo root): bash tests/kernels/device_check.sh [bench args...]
+# Usage (repo root): bash bench/kernels/device_check.sh [bench args...]
 # Logs go to $OUT when set (the device tool), else to ./.bench-out.
 set -uo pipefail
 out="${OUT:-.bench-out}"
@@ -30,7 +30,7 @@ if command -v make >/dev/null; then
   timeout "${BENCH_TIMEOUT:-420}" make bench-kernels PYTHON=python3 BENCH_ARGS="$bench_args"
 else
   # shellcheck disable=SC2086  # $bench_args is a list of words
-  timeout "${BENCH_TIMEOUT:-420}" python3 tests/kernels/bench_sparse_mla.py run $bench_args
+  timeout "${BENCH_TIMEOUT:-420}" python3 bench/kernels/bench_sparse_mla.py run $bench_args
 fi >"$out/bench.log" 2>&1
 bench_rc=$?
 wait "$tests"

@@ -1,6 +1,6 @@
 """Benchmark: check-gguf on a synthetic multi-GB GLM-5-layout GGUF vs one sequential read.
 
-    python tests/gguf/bench_check_gguf.py [--gib 2.5] [--dir /tmp]
+    python bench/gguf/bench_check_gguf.py [--gib 2.5] [--dir /tmp]
 
 Writes a file with GLM-5's real tensor shapes (hidden 6144, 64 heads, the
 indexer, the MTP block, the 154880-token vocabulary) and fewer layers/experts

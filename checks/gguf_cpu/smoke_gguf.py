@@ -5,7 +5,7 @@ file, runs `probe` and `status`, asks for one greedy completion, then stops the
 server (`--keep` leaves it running and prints how to stop it). Exit 0 only when
 every step passed.
 
-    .venv/bin/python tests/gguf_cpu/smoke_gguf.py [--keep]
+    .venv/bin/python checks/gguf_cpu/smoke_gguf.py [--keep]
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_gguf_cpu import start_gemma  # noqa: E402
 
-from tests.serving import run_entrypoint  # noqa: E402
+from tests.serving import run_entrypoint, start_gemma  # noqa: E402
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Checks run inside the built CUDA image (`make check-image`), without a GPU.
 
     docker run --rm --user 10001:10001 -v REPO:/checks:ro --entrypoint python \
-        frontier-serve:cuda /checks/tests/image/check_cuda_image.py
+        frontier-serve:cuda /checks/checks/image/check_cuda_image.py
 
 Each check prints `PASS name: detail` or `FAIL name: why`; the exit code is the
 number of failures. What cannot run without a GPU is replaced by a stand-in
@@ -345,12 +345,12 @@ def sm120_fitness_of_the_installed_kernel() -> str:
 
 
 def check_gguf_on_a_tiny_glm5() -> str:
-    sys.path.insert(0, str(CHECKS / "tests" / "gguf"))
-    import make_tiny_glm5_gguf
+    sys.path.insert(0, str(CHECKS))
+    from fixtures import tiny_glm5_gguf
 
     with tempfile.TemporaryDirectory() as tmp:
-        make_tiny_glm5_gguf.main([tmp])
-        gguf_file = Path(tmp) / make_tiny_glm5_gguf.GGUF_NAME
+        tiny_glm5_gguf.main([tmp])
+        gguf_file = Path(tmp) / tiny_glm5_gguf.GGUF_NAME
         result = subprocess.run(
             ["frontier-serve", "check-gguf", str(gguf_file), "--hf-config", tmp],
             capture_output=True,
