@@ -70,15 +70,29 @@ def render(
 @app.command()
 def serve(env_file: EnvFiles = None) -> None:
     """Validate, start the readiness watcher, then exec vLLM in this process."""
-    from entrypoint.serve import exec_vllm, prepare
+    from entrypoint.serve import (
+        drop_service_link_port,
+        exec_vllm,
+        mark_refused,
+        mark_validating,
+        prepare,
+    )
 
     env = _environment(env_file)
+    mark_validating(env)
+    # Before anything reads it: vLLM would die on the URI only after the checks.
+    warnings = {drop_service_link_port(os.environ), drop_service_link_port(env)} - {None}  # type: ignore[arg-type]
+    for warning in sorted(w for w in warnings if w):
+        typer.echo(f"frontier-serve: warning: {warning}", err=True)
     try:
         rendered, config, gguf_code = prepare(env)
     except ConfigError as exc:
+        mark_refused(env, exc.problems, USAGE_EXIT)
         fail(exc)
     if gguf_code != 0:
-        typer.echo(f"frontier-serve: error: GGUF preflight failed (exit {gguf_code})", err=True)
+        why = f"GGUF preflight failed (exit {gguf_code})"
+        mark_refused(env, [why], gguf_code)
+        typer.echo(f"frontier-serve: error: {why}", err=True)
         raise typer.Exit(gguf_code)
     # Values only the env files hold become this process's environment, so the
     # watcher (SERVE_API_KEY for /v1/models) and vLLM (its own VLLM_* names) see them.

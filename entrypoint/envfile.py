@@ -18,6 +18,11 @@ def read_env_file(path: str) -> dict[str, str]:
             lines = handle.read().splitlines()
     except OSError as exc:
         raise ConfigError(f"env file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"env file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
     values: dict[str, str] = {}
     for number, line in enumerate(lines, start=1):
         text = line.strip()

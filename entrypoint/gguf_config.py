@@ -127,8 +127,15 @@ def extract(path: Path, with_tokenizer: bool = True, log=print) -> tuple[Path, b
 
     log(f"frontier-serve: reading config{' and tokenizer' if with_tokenizer else ''} "
         f"from {path.name} into {target} (once per file)")  # fmt: skip
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(
+            f"FRONTIER_CACHE: cannot write the GGUF config cache {target.parent} "
+            f"({exc.strerror or exc}); point FRONTIER_CACHE at a writable folder, or put a "
+            f"config.json beside {path.name}"
+        ) from None
     try:
         try:
             AutoConfig.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(work)

@@ -26,7 +26,9 @@ from entrypoint.vllm_options import (
     OPTIONAL,
     OptionTable,
     expected_words,
+    json_shapes,
     kind_of,
+    shape_of,
 )
 
 _ARG_ERRORS = (ValueError, TypeError, argparse.ArgumentTypeError)
@@ -88,7 +90,13 @@ def _elements(name: str, raw: str) -> list[str]:
 
 
 def _json_arg(name: str, option: str, action: argparse.Action, raw: str) -> list[str]:
-    text = canonical_json(parse_json(name, raw))
+    value = parse_json(name, raw)
+    shapes = json_shapes(action)
+    if shapes and shape_of(value) not in shapes:
+        raise ConfigError(
+            f"{name}: {option} must be {' or '.join(sorted(shapes))}, got {shape_of(value)}"
+        )
+    text = canonical_json(value)
     try:
         if callable(action.type):
             action.type(text)
@@ -115,6 +123,10 @@ def args_for(name: str, raw: str, option: str, action: argparse.Action) -> list[
             return [base] if wanted == positive else ["--no-" + base[2:]]
         return [option] if wanted else []
     if kind in (JSON, DICT_OR_STR):
+        if kind == DICT_OR_STR and raw.strip().startswith("["):
+            raise ConfigError(
+                f"{name}: {option} takes a JSON object or a plain string, not an array"
+            )
         if kind == DICT_OR_STR and not raw.strip().startswith("{"):
             return _pair(option, raw)  # vLLM takes a plain string here
         return _json_arg(name, option, action, raw)
@@ -152,6 +164,30 @@ def extra_args(env: Mapping[str, str]) -> list[str]:
     return value
 
 
+def repeated_in_extras(
+    extras: list[str], table: OptionTable, by_action: dict[int, str]
+) -> list[str]:
+    """SERVE_EXTRA_ARGS may add options, never repeat one: vLLM would keep the last."""
+    problems: list[str] = []
+    in_extras: set[int] = set()
+    for element in extras:
+        if not element.startswith("--"):
+            continue
+        option = element.split("=", 1)[0]
+        action = table.actions.get(option)
+        if action is None:
+            continue  # vLLM's parser names unknown options itself
+        if id(action) in by_action:
+            problems.append(
+                f"{settings.EXTRA_ARGS} sets {option}, which {by_action[id(action)]} already "
+                "sets; set it in one place"
+            )
+        elif id(action) in in_extras and kind_of(action) != APPEND:
+            problems.append(f"{settings.EXTRA_ARGS} sets {option} twice; vLLM would keep the last")
+        in_extras.add(id(action))
+    return problems
+
+
 def map_environment(env: Mapping[str, str], table: OptionTable) -> list[str]:
     """vLLM options (without the program) for every non-reserved, non-empty SERVE_ variable.
 
@@ -184,6 +220,7 @@ def map_environment(env: Mapping[str, str], table: OptionTable) -> list[str]:
     except ConfigError as exc:
         problems.extend(exc.problems)
         extras = []
+    problems.extend(repeated_in_extras(extras, table, by_action))
     if not env.get(MODEL, "").strip() and not any(
         a == "--model" or a.startswith("--model=") for a in extras
     ):

@@ -18,7 +18,9 @@ from entrypoint.gguf_hook import GGUF_NO_LAYOUT, resolve_hf_config, run_gguf_che
 
 
 def check_writable(path: str, name: str) -> None:
-    """The folder of `path` exists (or can be made) and takes a new file."""
+    """`path` is no folder, and its folder exists (or can be made) and takes a new file."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{name}={path}: is a directory; name a file (e.g. {path}/ready)")
     folder = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -10,7 +10,11 @@ import sys
 import time
 
 from entrypoint.settings import ready_file_from, status_path_for
-from entrypoint.statusfile import pid_alive, read_json, read_ready
+from entrypoint.statusfile import pid_alive, process_start, read_json, read_json_or_why, read_ready
+
+# Clock steps between the watcher's write and the probe's read; beyond this a heartbeat
+# "in the future" is a bad file, not skew.
+FUTURE_SLACK = 2.0
 
 USAGE = (
     "usage: frontier-serve {probe|status} [--ready-file PATH] [--env-file FILE]... "
@@ -31,14 +35,25 @@ def probe(
         return 1, f"{phase}: {why}"
     try:
         limit = float(ready.get("stale_after", "15") if max_age is None else max_age)
-        age = now - float(ready.get("heartbeat", "0"))
+        age = now - float(ready.get("heartbeat", "nan"))
         pid = int(ready.get("pid", "0"))
     except ValueError:
         return 1, f"unreadable readiness file {ready_file}"
-    if age > limit:
+    # Comparisons with nan are False, so every test is written to pass only for
+    # finite, sane values.
+    if age != age:  # nan
+        return 1, f"unreadable readiness file {ready_file}: heartbeat {ready.get('heartbeat')!r}"
+    if not 0 < limit < 1e9:
+        return 1, f"unreadable readiness file {ready_file}: stale limit {limit}"
+    if not age > -FUTURE_SLACK:
+        return 1, f"unreadable readiness file {ready_file}: heartbeat {-age:.1f}s in the future"
+    if not age <= limit:
         return 1, f"stale: heartbeat {age:.1f}s old (limit {limit:g}s)"
     if not pid_alive(pid):
         return 1, f"exited: vLLM pid {pid} is not running"
+    if ready.get("pid_start") != process_start(pid):
+        # A restarted container: the file outlived its process, and pid 1 is a new one.
+        return 1, f"stale: readiness file {ready_file} is from an earlier run of pid {pid}"
     return 0, f"{ready.get('phase', 'ready')}: pid {pid}, heartbeat {age:.1f}s ago"
 
 
@@ -56,9 +71,9 @@ def status_text(ready_file: str, now: float | None = None) -> tuple[int, str]:
 
     now = time.time() if now is None else now
     path = status_path_for(ready_file)
-    status = read_json(path)
+    status, why = read_json_or_why(path)
     if status is None:
-        return 1, json.dumps({"phase": "unknown", "error": f"no status file at {path}"}, indent=2)
+        return 1, json.dumps({"phase": "unknown", "error": why}, indent=2)
     for key in ("since", "heartbeat", "last_error_at"):
         if isinstance(status.get(key), int | float):
             status[f"{key}_utc"] = _iso(status[key])
@@ -86,6 +101,8 @@ def main(argv: list[str]) -> int:
                 env_files.append(value)
             elif key == "--max-age" and command == "probe":
                 max_age = float(value)
+                if not 0 < max_age < 1e9:  # also refuses nan and inf
+                    raise ValueError(f"--max-age {value}: must be a positive number of seconds")
             else:
                 raise ValueError(f"unknown option {key}")
     except ValueError as exc:

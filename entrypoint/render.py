@@ -14,6 +14,7 @@ from typing import NoReturn
 from entrypoint import gpus, settings
 from entrypoint.errors import ConfigError
 from entrypoint.mapping import map_environment, parse_json
+from entrypoint.option_checks import all_bounds, check_namespace
 from entrypoint.vllm_options import OptionTable, vllm_parser
 
 
@@ -90,4 +91,8 @@ def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None
         problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return Rendered(program + options, program, _vllm_reading(parser, options, env))
+    namespace = _vllm_reading(parser, options, env)
+    problems = check_namespace(namespace, options, OptionTable.of(parser), all_bounds(parser))
+    if problems:
+        raise ConfigError(problems)
+    return Rendered(program + options, program, namespace)

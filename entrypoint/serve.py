@@ -9,10 +9,12 @@ when vLLM ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 
 from entrypoint import gpus, settings
@@ -27,8 +29,48 @@ from entrypoint.preflight import (
     listen_host,
 )
 from entrypoint.render import Rendered, render
-from entrypoint.statusfile import remove_quietly
-from entrypoint.watcher import Tracker, WatchConfig
+from entrypoint.statusfile import remove_quietly, write_json_atomic
+from entrypoint.watcher import EXITED, VALIDATING, Tracker, WatchConfig
+
+
+def mark_validating(env: Mapping[str, str]) -> None:
+    """The first step of every start: a ready file left by an earlier run (Kubernetes
+    keeps /run/serve across container restarts) goes before validation begins, and
+    the status says what is happening. Best effort: prepare() reports unusable paths."""
+    ready = settings.ready_file_from(env)
+    now = time.time()
+    with contextlib.suppress(OSError):
+        remove_quietly(ready)
+    with contextlib.suppress(OSError):
+        if not os.path.isdir(status := settings.status_path_for(ready, env)):
+            write_json_atomic(
+                status, {"phase": VALIDATING, "since": now, "heartbeat": now, "pid": os.getpid()}
+            )
+
+
+def mark_refused(env: Mapping[str, str], problems: list[str], code: int) -> None:
+    """A start stopped before the exec: the status names why, and nothing reads as ready."""
+    ready = settings.ready_file_from(env)
+    now = time.time()
+    status = {"phase": EXITED, "since": now, "heartbeat": now, "pid": os.getpid(),
+              "exit_code": code, "reason": "; ".join(problems)}  # fmt: skip
+    with contextlib.suppress(OSError):
+        if not os.path.isdir(path := settings.status_path_for(ready, env)):
+            write_json_atomic(path, status)
+
+
+def drop_service_link_port(environ: dict[str, str]) -> str | None:
+    """Kubernetes injects VLLM_PORT=tcp://IP:PORT for a Service named `vllm`; vLLM reads
+    VLLM_PORT as its own internal port and dies on the URI. Such a value was never meant
+    for vLLM, so it is removed with a warning (a plain port number is kept)."""
+    value = environ.get("VLLM_PORT")
+    if value is None or value.strip().isdigit():
+        return None
+    del environ["VLLM_PORT"]
+    return (
+        f"ignoring VLLM_PORT={value!r}: not a port number (Kubernetes sets it for a Service "
+        "named vllm; set enableServiceLinks: false in the pod spec to stop that)"
+    )
 
 
 def health_url(namespace: argparse.Namespace) -> str:

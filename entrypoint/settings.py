@@ -76,7 +76,11 @@ def parse_bool(name: str, value: str) -> bool:
     raise SettingError(f"{name}={value!r}: expected a boolean (true, false, 1 or 0)")
 
 
-def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+def _number(
+    env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float
+) -> float:
+    """A finite number in [minimum, maximum]: `inf` or `nan` would busy-loop the watcher
+    or keep a heartbeat from ever going stale."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -84,8 +88,21 @@ def _number(env: Mapping[str, str], name: str, default: float, minimum: float) -
         value = float(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r}: expected a number") from None
-    if value < minimum:
-        raise SettingError(f"{name}={raw!r}: must be at least {minimum:g}")
+    if not minimum <= value <= maximum:  # False for nan too
+        raise SettingError(f"{name}={raw!r}: must be a number from {minimum:g} to {maximum:g}")
+    return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r}: expected a whole number") from None
+    if not minimum <= value <= maximum:
+        raise SettingError(f"{name}={raw!r}: must be from {minimum} to {maximum}")
     return value
 
 
@@ -121,16 +138,42 @@ def ready_file_from(env: Mapping[str, str] | None = None) -> str:
 
 
 def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
+    """The watcher's settings, each in range and none contradicting another."""
     env = os.environ if env is None else env
     ready = ready_file_from(env)
-    return WatchSettings(
+    problems: list[str] = []
+
+    def read(reader, *args):  # type: ignore[no-untyped-def]
+        try:
+            return reader(env, *args)
+        except SettingError as exc:
+            problems.extend(exc.problems)
+            return args[1]  # the default, so the other checks still run
+
+    settings = WatchSettings(
         ready_file=ready,
         status_file=status_path_for(ready, env),
-        interval=_number(env, HEALTH_INTERVAL, 2.0, 0.1),
-        timeout=_number(env, HEALTH_TIMEOUT, 2.0, 0.1),
-        failures=int(_number(env, HEALTH_FAILURES, 3, 1)),
-        stale_after=_number(env, STALE_AFTER, 15.0, 1.0),
+        interval=read(_number, HEALTH_INTERVAL, 2.0, 0.1, 3600.0),
+        timeout=read(_number, HEALTH_TIMEOUT, 2.0, 0.1, 600.0),
+        failures=read(_count, HEALTH_FAILURES, 3, 1, 1000),
+        stale_after=read(_number, STALE_AFTER, 15.0, 1.0, 86400.0),
     )
+    if os.path.abspath(settings.ready_file) == os.path.abspath(settings.status_file):
+        problems.append(
+            f"{READY_FILE} and {STATUS_FILE} both name {settings.ready_file}; "
+            "they must be two files"
+        )
+    # One round: the wait, then /health and /v1/models, each up to the timeout.
+    heartbeat_gap = settings.interval + 2 * settings.timeout
+    if not problems and settings.stale_after <= heartbeat_gap:
+        problems.append(
+            f"{STALE_AFTER}={settings.stale_after:g}: must exceed {HEALTH_INTERVAL} + "
+            f"2 x {HEALTH_TIMEOUT} ({heartbeat_gap:g} s), or a healthy server's heartbeat "
+            "goes stale between two checks"
+        )
+    if problems:
+        raise SettingError(problems)
+    return settings
 
 
 def flag(env: Mapping[str, str], name: str, default: bool) -> bool:

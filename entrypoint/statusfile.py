@@ -56,14 +56,25 @@ def read_ready(path: str) -> dict[str, str] | None:
 
 def read_json(path: str) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when it is missing or unreadable."""
+    return read_json_or_why(path)[0]
+
+
+def read_json_or_why(path: str) -> tuple[dict[str, Any] | None, str]:
+    """(the JSON object in `path`, "") or (None, why not): missing, unreadable or corrupt."""
     import json
 
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    except FileNotFoundError:
+        return None, f"no status file at {path}"
+    except OSError as exc:
+        return None, f"cannot read the status file {path}: {exc.strerror or exc}"
+    except ValueError as exc:
+        return None, f"corrupt status file {path}: {exc}"
+    if not isinstance(data, dict):
+        return None, f"corrupt status file {path}: not a JSON object"
+    return data, ""
 
 
 def remove_quietly(path: str) -> None:
@@ -81,6 +92,15 @@ def _proc_stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text[text.rfind(")") + 2 :].split()
+
+
+def process_start(pid: int) -> str | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22), or None.
+
+    A pid and its start time name one process: a restarted container's new PID 1
+    has the old pid but not the old start time."""
+    fields = _proc_stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def pid_alive(pid: int) -> bool:

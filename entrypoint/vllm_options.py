@@ -7,8 +7,12 @@ the option list is never kept by hand: a new vLLM release brings its options alo
 from __future__ import annotations
 
 import argparse
+import collections.abc as abc
+import dataclasses
 import functools
 import json
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,3 +121,78 @@ class OptionTable:
 
     def names(self) -> list[str]:
         return sorted(self.actions)
+
+
+# JSON options: the top-level shape the EngineArgs/FrontendArgs annotation admits
+# (an object for a dict or a config dataclass, an array for a list). vLLM's json.loads
+# takes any JSON, so the wrong shape would fail only after the model has loaded.
+OBJECT, ARRAY = "a JSON object", "a JSON array"
+
+
+def _shapes_of(annotation: Any) -> set[str]:
+    """The JSON shapes a type annotation admits ({} when it says nothing we can use)."""
+    if isinstance(annotation, str):
+        head = annotation.split("[")[0].strip().lower()
+        return {OBJECT} if head in ("dict", "mapping") else {ARRAY} if head == "list" else set()
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        shapes: set[str] = set()
+        for arg in typing.get_args(annotation):
+            if arg is type(None) or typing.get_origin(arg) is abc.Callable or arg is abc.Callable:
+                continue  # None, or a Callable that only Python callers can pass
+            more = _shapes_of(arg)
+            if not more:
+                return set()  # a member we cannot read: admit anything
+            shapes |= more
+        return shapes
+    if origin is typing.Annotated:
+        return _shapes_of(typing.get_args(annotation)[0])
+    target = origin or annotation
+    if target in (dict, abc.Mapping, abc.MutableMapping) or (
+        isinstance(target, type) and dataclasses.is_dataclass(target)
+    ):
+        return {OBJECT}
+    if target in (list, tuple, set, abc.Sequence):
+        return {ARRAY}
+    if isinstance(target, type) and hasattr(target, "model_fields"):  # a pydantic model
+        return {OBJECT}
+    return set()
+
+
+@functools.lru_cache(maxsize=1)
+def _annotations() -> dict[str, Any]:
+    """dest -> annotation, from vLLM's EngineArgs and the OpenAI frontend's args."""
+    found: dict[str, Any] = {}
+    classes: list[type] = []
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    classes.append(AsyncEngineArgs)
+    try:  # where make_arg_parser (above) takes the frontend's options from
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+
+        classes.append(FrontendArgs)
+    except ImportError:
+        pass
+    for cls in classes:
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:  # a forward reference vLLM never resolves: use the raw ones
+            hints = {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, annotation in hints.items():
+            found.setdefault(name, annotation)
+    return found
+
+
+def json_shapes(action: argparse.Action) -> set[str]:
+    """Shapes vLLM can use for a JSON option ({} when its annotation does not say)."""
+    if getattr(getattr(action, "type", None), "__name__", "") == "parse_dataclass":
+        return {OBJECT}
+    return _shapes_of(_annotations().get(action.dest))
+
+
+def shape_of(value: Any) -> str:
+    if isinstance(value, dict):
+        return OBJECT
+    if isinstance(value, list):
+        return ARRAY
+    return f"JSON {type(value).__name__} {json.dumps(value)[:40]}"

@@ -24,12 +24,15 @@ from typing import Any
 from entrypoint.statusfile import (
     describe_wait_status,
     pid_alive,
+    process_start,
     remove_quietly,
     write_json_atomic,
     write_ready,
     zombie_exit_status,
 )
 
+# validating: `serve` checks the configuration (no vLLM yet); the rest are the watcher's.
+VALIDATING = "validating"
 STARTING, READY, UNHEALTHY, EXITED = "starting", "ready", "unhealthy", "exited"
 
 
@@ -139,6 +142,7 @@ class Tracker:
         status = self.status()
         if self.phase == READY:
             ready = {k: status[k] for k in ("phase", "pid", "heartbeat", "argv_digest")}
+            ready["pid_start"] = process_start(self.config.pid)
             write_ready(self.config.ready_file, {**ready, "stale_after": self.config.stale_after})
         else:
             remove_quietly(self.config.ready_file)

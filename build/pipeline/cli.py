@@ -13,6 +13,7 @@ from . import fetch, image, locks, patcher, pins, series, source, targets, venv,
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
+from .worklock import locked
 
 # Steps that take --vllm (a [next-vllm] version): reading and patching only.
 NEXT_VLLM_STEPS = ("fetch", "verify", "source", "patch-check")
@@ -52,15 +53,18 @@ def _source(args: argparse.Namespace) -> int:
 def _patch_report(loaded: pins.Pins, dest: Path, upstreams: list[str]) -> int:
     """patch-check for a next vLLM: every patch tried, a table of what still applies."""
     failed = 0
-    for upstream in upstreams:
-        tree = source.prepare(upstream, loaded, dest / upstream, "sdist")
-        version = loaded.vllm if upstream == "vllm" else loaded.file("gguf-plugin-wheel").version
-        rows = patcher.report_series(series.load(upstream), tree)
-        print(f"\n{upstream} {version}: our series against {tree}")
-        print(f"  {'patch or file':56} {'status':8} where")
-        for item, status, detail in rows:
-            print(f"  {item:56} {status:8} {detail}")
-            failed += status != "applies"
+    with locked(dest, "patch-check"):
+        for upstream in upstreams:
+            tree = source.prepare(upstream, loaded, dest / upstream, "sdist")
+            version = (
+                loaded.vllm if upstream == "vllm" else loaded.file("gguf-plugin-wheel").version
+            )
+            rows = patcher.report_series(series.load(upstream), tree)
+            print(f"\n{upstream} {version}: our series against {tree}")
+            print(f"  {'patch or file':56} {'status':8} where")
+            for item, status, detail in rows:
+                print(f"  {item:56} {status:8} {detail}")
+                failed += status != "applies"
     print(
         f"\npatch-check (vLLM {loaded.vllm}): {failed} item(s) need work before a rebase"
         if failed
@@ -78,7 +82,9 @@ def _patch_check(args: argparse.Namespace) -> int:
         )
     digests = patched_trees(loaded, args.dest, args.vllm_source, args.upstream)
     summary = args.dest / "digests.json"
-    summary.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    staged = summary.with_name(f".digests.{os.getpid()}.json")
+    staged.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    os.replace(staged, summary)  # a reader never sees half a file
     for upstream, digest in digests.items():
         print(f"{digest}  {upstream} ({args.dest / upstream})")
     return 0

@@ -56,7 +56,22 @@ class Pins:
             ) from None
 
 
-def _file_entry(path: Path, where: str, key: str, entry: dict) -> PinnedFile:
+def _table(path: Path, where: str, value: object) -> dict:
+    """A TOML table, or a PipelineError naming where a table was expected."""
+    if not isinstance(value, dict):
+        raise PipelineError(f"{path}: [{where}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def _file_entry(path: Path, where: str, key: str, entry: object) -> PinnedFile:
+    entry = _table(path, where, entry)
+    wrong = [
+        f"{field} ({type(entry[field]).__name__})"
+        for field in (*REQUIRED, "role")
+        if field in entry and not isinstance(entry[field], str)
+    ]
+    if wrong:
+        raise PipelineError(f"{path}: [{where}] must give strings; not: {', '.join(wrong)}")
     missing = [field for field in REQUIRED if not entry.get(field)]
     if missing:
         raise PipelineError(f"{path}: [{where}] lacks {', '.join(missing)}")
@@ -82,9 +97,12 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
     files replace the default ones of the same keys (the next vLLM, checked early)."""
     data = read_toml(path, "pins file")
     files: dict[str, PinnedFile] = {}
-    for key, entry in (data.get("files") or {}).items():
+    for key, entry in _table(path, "files", data.get("files", {})).items():
         files[key] = _file_entry(path, f"files.{key}", key, entry)
-    nexts = data.get("next-vllm") or {}
+    if not files:
+        # An empty file would otherwise verify as "every pinned file matches".
+        raise PipelineError(f"{path}: no [files.<key>] entries: nothing is pinned")
+    nexts = _table(path, "next-vllm", data.get("next-vllm", {}))
     default = files["vllm-sdist"].version if "vllm-sdist" in files else ""
     if vllm and vllm != default:
         if vllm not in nexts:
@@ -92,7 +110,7 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
                 f"{path}: no vLLM {vllm} pinned (default {default}; next: "
                 f'{", ".join(sorted(nexts)) or "none"}); add a [next-vllm."{vllm}".<key>] table'
             )
-        for key, entry in nexts[vllm].items():
+        for key, entry in _table(path, f'next-vllm."{vllm}"', nexts[vllm]).items():
             if key not in files:
                 raise PipelineError(f'{path}: [next-vllm."{vllm}".{key}] replaces no [files.{key}]')
             pin = _file_entry(path, f'next-vllm."{vllm}".{key}', key, entry)
@@ -100,6 +118,11 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
                 raise PipelineError(f'{path}: [next-vllm."{vllm}".{key}] has version {pin.version}')
             files[key] = pin
     git = data.get("vllm-git")
+    if git is not None:
+        git = _table(path, "vllm-git", git)
+        wrong = [k for k in ("url", "ref", "commit") if not isinstance(git.get(k, ""), str)]
+        if wrong:
+            raise PipelineError(f"{path}: [vllm-git] must give strings; not: {', '.join(wrong)}")
     return Pins(
         path=path,
         files=files,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import patcher, pins, series, source
+from .worklock import locked
 
 
 def patched_trees(
@@ -14,8 +15,9 @@ def patched_trees(
 ) -> dict[str, str]:
     """Fresh pristine copies, each patched; returns upstream -> tree digest."""
     digests: dict[str, str] = {}
-    for upstream in upstreams:
-        tree = source.prepare(upstream, loaded, dest / upstream, vllm_source)
-        patcher.apply_series(series.load(upstream), tree)
-        digests[upstream] = patcher.tree_digest(tree)
+    with locked(dest, "patched trees"):
+        for upstream in upstreams:
+            tree = source.prepare(upstream, loaded, dest / upstream, vllm_source)
+            patcher.apply_series(series.load(upstream), tree)
+            digests[upstream] = patcher.tree_digest(tree)
     return digests

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.entrypoint.recording import Recorder
 from tests.serving import free_port
 
 # Markers of tests that are allowed to start real processes.
@@ -78,3 +79,14 @@ def listening_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         yield int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """exec and the watcher's Popen, recorded instead of started."""
+    import entrypoint.serve as serve_module
+
+    rec = Recorder()
+    monkeypatch.setattr(os, "execvp", rec.execvp)
+    monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
+    return rec

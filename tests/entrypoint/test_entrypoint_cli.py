@@ -8,47 +8,12 @@ import shlex
 import sys
 import types
 from pathlib import Path
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import entrypoint.serve as serve_module
-from entrypoint.app import app
 from entrypoint.statusfile import read_json
-
-runner = CliRunner()
-
-
-def invoke(env: dict[str, str], *args: str) -> Any:
-    return runner.invoke(app, list(args), env=env)
-
-
-class Recorder:
-    """Stands in for os.execvp and the watcher's Popen; records instead of starting."""
-
-    def __init__(self) -> None:
-        self.exec_argv: list[str] | None = None
-        self.popen_args: list[str] | None = None
-        self.popen_env: dict[str, str] = {}
-
-    def execvp(self, file: str, argv: list[str]) -> None:
-        self.exec_argv = argv
-        raise OSError(2, "No such file or directory (recorded, not executed)")
-
-    def popen(self, args: list[str], **kwargs: object) -> Any:
-        self.popen_args = args
-        # what the watcher inherits (no env= is passed: it takes os.environ)
-        self.popen_env = dict(os.environ) if "env" not in kwargs else dict(kwargs["env"])
-        return types.SimpleNamespace(terminate=lambda: None, wait=lambda: 0)
-
-
-@pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    rec = Recorder()
-    monkeypatch.setattr(os, "execvp", rec.execvp)
-    monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
-    return rec
+from tests.entrypoint.recording import Recorder, invoke
 
 
 def test_render_text_and_json(vllm_table, base_env: dict[str, str]) -> None:
@@ -146,7 +111,7 @@ def test_serve_port_check_can_be_turned_off(
 def test_serve_bad_reserved_value(vllm_table, base_env: dict[str, str], recorder: Recorder) -> None:
     result = invoke({**base_env, "SERVE_HEALTH_FAILURES": "three"}, "serve")
     assert result.exit_code == 2
-    assert "error: SERVE_HEALTH_FAILURES='three': expected a number" in result.output
+    assert "error: SERVE_HEALTH_FAILURES='three': expected a whole number" in result.output
 
 
 def test_serve_starts_watcher_then_execs(

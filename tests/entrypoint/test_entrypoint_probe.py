@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.probe import main, probe, status_text
-from entrypoint.statusfile import write_json_atomic
+from entrypoint.statusfile import process_start, write_json_atomic
 from entrypoint.statusfile import write_ready as write_ready_file
 
 
@@ -17,7 +17,8 @@ def write_ready(folder: Path, heartbeat: float, pid: int | None = None) -> str:
     path = folder / "ready"
     write_ready_file(
         str(path),
-        {"phase": "ready", "pid": pid or os.getpid(), "heartbeat": heartbeat, "stale_after": 15.0},
+        {"phase": "ready", "pid": pid or os.getpid(), "heartbeat": heartbeat, "stale_after": 15.0,
+         "pid_start": process_start(pid or os.getpid())},  # fmt: skip
     )
     return str(path)
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from entrypoint.statusfile import read_json, read_ready, write_ready
+from entrypoint.statusfile import process_start, read_json, read_ready, write_ready
 from entrypoint.watcher import WatchConfig
 from tests.serving import wait_for
 
@@ -41,7 +41,8 @@ def fresh_ready(tmp_path: Path) -> str:
     path = str(tmp_path / "ready")
     write_ready(
         path,
-        {"phase": "ready", "pid": os.getpid(), "heartbeat": time.time() + 60, "stale_after": 15},
+        {"phase": "ready", "pid": os.getpid(), "heartbeat": time.time(), "stale_after": 3600,
+         "pid_start": process_start(os.getpid())},  # fmt: skip
     )
     return path
 

@@ -16,6 +16,7 @@ import pytest
 from entrypoint.statusfile import (
     describe_wait_status,
     pid_alive,
+    process_start,
     read_json,
     write_json_atomic,
     zombie_exit_status,
@@ -74,7 +75,7 @@ def test_ready_writes_both_files(tracker: Tracker) -> None:
     tracker.record(None)
     assert Path(tracker.config.ready_file).read_text() == (
         f"argv_digest=sha256:abc\nheartbeat=1005.0\nphase=ready\npid={os.getpid()}\n"
-        "stale_after=15.0\n"
+        f"pid_start={process_start(os.getpid())}\nstale_after=15.0\n"
     )
     status = status_of(tracker)
     assert status["phase"] == "ready" and status["since"] == 1005.0

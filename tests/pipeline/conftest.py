@@ -31,6 +31,10 @@ def isolated_pip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "cache" / "pins"
 
 
+# One well-formed entry: a pins file with none is refused (it would verify as all-green).
+SOME_PIN = {"project": "some", "version": "1", "filename": "some-1.whl", "sha256": "0" * 64}
+
+
 def write_pins(
     path: Path, files: dict[str, dict[str, str]], git: dict[str, str] | None = None
 ) -> Path:

@@ -5,7 +5,7 @@ import pytest
 from pipeline import pins
 from pipeline.errors import PipelineError
 
-from .conftest import write_pins
+from .conftest import SOME_PIN, write_pins
 
 
 def test_real_pins_hold_every_upstream_input(real_pins: pins.Pins) -> None:
@@ -34,7 +34,7 @@ def test_every_pinned_file_is_used_by_a_step(real_pins: pins.Pins) -> None:
 
 
 def test_missing_entry_names_the_key_and_file(tmp_path: Path) -> None:
-    loaded = pins.load(write_pins(tmp_path / "pins.toml", {}))
+    loaded = pins.load(write_pins(tmp_path / "pins.toml", {"some": SOME_PIN}))
     with pytest.raises(PipelineError, match=r"pins.toml: missing pins entry \[files.vllm-sdist\]"):
         loaded.file("vllm-sdist")
 
@@ -56,7 +56,7 @@ def test_short_hash_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("commit", ["", "5df63a720", "g" * 40])
 def test_git_source_needs_full_commit(tmp_path: Path, commit: str) -> None:
     git = {"url": "file:///nowhere", "ref": "refs/heads/main", "commit": commit}
-    loaded = pins.load(write_pins(tmp_path / "pins.toml", {}, git))
+    loaded = pins.load(write_pins(tmp_path / "pins.toml", {"some": SOME_PIN}, git))
     with pytest.raises(PipelineError, match="commit must be the full 40-hex SHA"):
         pins.checked_git(loaded)
 

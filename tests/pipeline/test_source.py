@@ -11,7 +11,7 @@ import pytest
 from pipeline import pins, source
 from pipeline.errors import PipelineError
 
-from .conftest import write_pins
+from .conftest import SOME_PIN, write_pins
 
 GIT_ENV = ["-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
 
@@ -46,7 +46,7 @@ def sdist_repo(tmp_path_factory: pytest.TempPathFactory, real_file) -> tuple[Pat
 
 def _git_pins(tmp_path: Path, repo: Path, ref: str, commit: str) -> pins.Pins:
     git = {"url": repo.as_uri(), "ref": ref, "commit": commit}
-    return pins.load(write_pins(tmp_path / "pins.toml", {}, git))
+    return pins.load(write_pins(tmp_path / "pins.toml", {"some": SOME_PIN}, git))
 
 
 def test_sdist_tree_has_pinned_version(tmp_path: Path, real_file, real_pins) -> None:  # noqa: ANN001
