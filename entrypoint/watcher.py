@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
     pid_alive,
@@ -194,22 +195,36 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     tracker = Tracker(config)
     lock = threading.Lock()
     done = threading.Event()
+    tree: dict[int, str] = {}  # vLLM's descendants, refreshed every round
 
     def on_exit() -> None:
         wait_for_exit(config.pid)
         with lock:
             tracker.exited(zombie_exit_status(config.pid))
             done.set()
+            known = dict(tree)
+        stopped = stop_leftovers(known)
+        if stopped:
+            with lock:
+                tracker.extra["stopped_leftovers"] = stopped
+                tracker.reason = f"{tracker.reason}; stopped what it left running: " + (
+                    ", ".join(stopped)
+                )
+                tracker.write()
 
     def on_term(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    threading.Thread(target=on_exit, name="exit-waiter", daemon=True).start()
+    waiter = threading.Thread(target=on_exit, name="exit-waiter", daemon=True)
+    waiter.start()
     try:
         with lock:
             tracker.write()
         while not done.is_set():
+            below = descendants(config.pid, exclude=os.getpid())
+            with lock:
+                tree.update(below)
             error = check_health(config.base_url, config.timeout, api_key)
             with lock:
                 if done.is_set():
@@ -221,6 +236,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
             if not done.is_set():
                 tracker.stopped("watcher stopped by SIGTERM; readiness unknown")
         raise
+    waiter.join()  # it may still be stopping what vLLM left running
     return 0
 
 

@@ -124,6 +124,32 @@ class Served:
         with _OPENER.open(request, timeout=timeout) as response:
             return json.load(response)
 
+    def stream(self, body: dict, timeout: float = 300, seen: dict | None = None) -> dict:
+        """One streaming completion: chunks seen, the last finish_reason, whether
+        `data: [DONE]` came, and how it ended (None, or the exception's words).
+        `seen`, when given, is filled in as chunks arrive (for a watching thread)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            data=json.dumps({**body, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        seen = {} if seen is None else seen
+        seen.update(chunks=0, finish_reason=None, done=False, error=None)
+        try:
+            with _OPENER.open(request, timeout=timeout) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if line == "data: [DONE]":
+                        seen["done"] = True
+                    elif line.startswith("data: "):
+                        choice = json.loads(line[6:])["choices"][0]
+                        seen["chunks"] += 1
+                        seen["finish_reason"] = choice.get("finish_reason") or seen["finish_reason"]
+        except (OSError, ValueError) as exc:
+            seen["error"] = f"{type(exc).__name__}: {exc}"
+        seen["ended"] = time.monotonic()
+        return seen
+
     def terminate(self, grace: float = 60) -> None:
         """SIGTERM to the server's session, SIGKILL after the grace period."""
         if self.proc.poll() is not None:

@@ -10,7 +10,8 @@ from entrypoint.envfile import read_env_file
 from entrypoint.render import render
 
 SPEC = '{"method":"dflash","model":"z-lab/Qwen3.6-27B-DFlash","num_speculative_tokens":15}'
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = REPO / "profiles"
 
 
 def options(name: str) -> list[str]:
@@ -45,6 +46,7 @@ def test_glm5(vllm_table) -> None:
         "--dtype": "float16",
         "--trust-remote-code": None,
         "--disable-access-log-for-endpoints": "/health,/v1/models",
+        "--shutdown-timeout": "30",
     }
     assert "SERVE_PREFLIGHT_GGUF" in read_env_file(str(PROFILES / "glm5.env"))
 
@@ -58,6 +60,7 @@ def test_qwen36_dflash(vllm_table) -> None:
         "--attention-backend": "flash_attn",
         "--max-num-batched-tokens": "32768",
         "--disable-access-log-for-endpoints": "/health,/v1/models",
+        "--shutdown-timeout": "30",
     }
 
 
@@ -69,3 +72,35 @@ def test_profiles_are_portable(name: str) -> None:
         assert key.startswith("SERVE_"), key
         assert not value.startswith(("'", '"')) and "$" not in value and " #" not in value
     assert "VLLM_" not in text
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+
+
+def test_every_service_drains_within_its_stop_grace_period() -> None:
+    """SIGTERM drains for SERVE_SHUTDOWN_TIMEOUT, then vLLM tears down; the runtime's
+    SIGKILL must come after both, or a drain is cut off uncleanly."""
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    checked = []
+    for name, service in compose["services"].items():
+        env: dict[str, str] = {}
+        for env_file in service.get("env_file", []):
+            env.update(read_env_file(str(REPO / env_file)))
+        env.update({k: str(v) for k, v in (service.get("environment") or {}).items()})
+        shutdown = float(env.get("SERVE_SHUTDOWN_TIMEOUT", "0"))
+        teardown = 30 if "deploy" in service else 10  # GPU workers take longer to stop
+        grace = _seconds(service["stop_grace_period"])
+        assert shutdown > 0, f"{name}: no SERVE_SHUTDOWN_TIMEOUT, so a stop aborts at once"
+        assert grace >= shutdown + teardown, f"{name}: stop_grace_period {grace:g} s"
+        checked.append(name)
+    assert {"glm5", "qwen36-dflash", "smoke", "smoke-gguf"} <= set(checked)
+    for manifest in sorted((REPO / "deploy" / "kubernetes").glob("*.yaml")):
+        profile = REPO / "profiles" / f"{manifest.stem}.env"
+        shutdown = float(read_env_file(str(profile))["SERVE_SHUTDOWN_TIMEOUT"])
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            if doc and doc.get("kind") == "Deployment":
+                grace = doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+                assert grace >= shutdown + 30, f"{manifest.name}: grace {grace} s"
