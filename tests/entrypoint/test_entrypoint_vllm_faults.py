@@ -90,8 +90,11 @@ def test_sigterm_with_streams_in_flight_drains_within_its_bound(
         started = time.monotonic()
         served.proc.send_signal(signal.SIGTERM)
         bound = float(shutdown_timeout) + 15
-        code = served.proc.wait(timeout=bound)
+        # gone(), not wait(): reaping first would hide the exit code from the watcher.
+        wait_for(lambda: gone(served.proc.pid), bound, "vLLM exits", step=0.1)
         took = time.monotonic() - started
+        wait_for(lambda: status_json(served).get("phase") == "exited", 10, "status exited")
+        code = served.proc.wait(timeout=10)
         for thread in served.threads:  # type: ignore[attr-defined]
             thread.join(30)
         print(f"\nSIGTERM, shutdown-timeout {shutdown_timeout}: exit {code} after {took:.1f} s; "
@@ -120,6 +123,7 @@ def test_api_server_killed_outright_leaves_no_process(tiny_model: str, tmp_path:
         took = time.monotonic() - started
         wait_for(lambda: not session_pids(served.proc.pid), 20, "no vLLM process left")
         print(f"\nAPI server SIGKILLed: leftovers stopped after {took:.1f} s")
+        wait_for(lambda: "stopped_leftovers" in status_json(served), 10, "status names them")
         status = status_json(served)
         assert any("EngineCor" in name for name in status["stopped_leftovers"]), status
     finally:
