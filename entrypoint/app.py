@@ -81,7 +81,7 @@ def serve(env_file: EnvFiles = None) -> None:
     env = _environment(env_file)
     mark_validating(env)
     # Before anything reads it: vLLM would die on the URI only after the checks.
-    warnings = {drop_service_link_port(os.environ), drop_service_link_port(env)} - {None}  # type: ignore[arg-type]
+    warnings = {drop_service_link_port(os.environ), drop_service_link_port(env)}  # type: ignore[arg-type]
     for warning in sorted(w for w in warnings if w):
         typer.echo(f"frontier-serve: warning: {warning}", err=True)
     try:

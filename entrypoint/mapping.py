@@ -170,13 +170,7 @@ def repeated_in_extras(
     """SERVE_EXTRA_ARGS may add options, never repeat one: vLLM would keep the last."""
     problems: list[str] = []
     in_extras: set[int] = set()
-    for element in extras:
-        if not element.startswith("--"):
-            continue
-        option = element.split("=", 1)[0]
-        action = table.actions.get(option)
-        if action is None:
-            continue  # vLLM's parser names unknown options itself
+    for option, action in table.given(extras):  # vLLM's parser names unknown ones itself
         if id(action) in by_action:
             problems.append(
                 f"{settings.EXTRA_ARGS} sets {option}, which {by_action[id(action)]} already "

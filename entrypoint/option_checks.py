@@ -1,4 +1,4 @@
-"""Ranges and JSON shapes of the options we render, checked before anything starts.
+"""Ranges of the options we render, checked before anything starts.
 
 vLLM's parser checks only types: `--port 70000`, `--tensor-parallel-size 0` or
 `--gpu-memory-utilization 1.5` parse, and fail 25 s later inside vLLM (or never).
@@ -111,18 +111,6 @@ def all_bounds(parser: argparse.ArgumentParser) -> dict[str, Bound]:
     return bounds
 
 
-def given_options(options: list[str], table: OptionTable) -> list[tuple[str, argparse.Action]]:
-    """(option string, action) for every option element of a rendered argv."""
-    found = []
-    for element in options:
-        if element.startswith("--"):
-            option = element.split("=", 1)[0]
-            action = table.actions.get(option)
-            if action is not None:
-                found.append((option, action))
-    return found
-
-
 def check_namespace(
     namespace: argparse.Namespace,
     options: list[str],
@@ -132,7 +120,7 @@ def check_namespace(
     """Problems with the values vLLM read for the options we rendered (not its defaults)."""
     problems: list[str] = []
     seen: set[str] = set()
-    for option, action in given_options(options, table):
+    for option, action in table.given(options):
         if action.dest in seen:
             continue
         seen.add(action.dest)

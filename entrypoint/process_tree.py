@@ -10,6 +10,7 @@ In a container the runtime kills the whole PID namespace anyway. Stdlib-only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -61,21 +62,19 @@ def still_running(known: dict[int, str]) -> dict[int, str]:
             if pid_alive(pid) and process_start(pid) == start}  # fmt: skip
 
 
+def _signal(pids: dict[int, str], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone since it was checked
+            os.kill(pid, sig)
+
+
 def stop_leftovers(known: dict[int, str], grace: float = 5.0) -> list[str]:
     """SIGTERM what is left of `known`, SIGKILL after `grace` s; returns 'name (pid)'."""
     left = still_running(known)
     stopped = [f"{_name(pid)} ({pid})" for pid in sorted(left)]
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            continue
+    _signal(left, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while still_running(left) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for pid in still_running(left):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
+    _signal(still_running(left), signal.SIGKILL)
     return stopped

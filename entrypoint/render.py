@@ -85,14 +85,15 @@ def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None
         program = exec_program(env)
     except ConfigError as exc:
         problems.extend(exc.problems)
+    table = OptionTable.of(parser)
     try:
-        options = map_environment(env, OptionTable.of(parser))
+        options = map_environment(env, table)
     except ConfigError as exc:
         problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
     namespace = _vllm_reading(parser, options, env)
-    problems = check_namespace(namespace, options, OptionTable.of(parser), all_bounds(parser))
+    problems = check_namespace(namespace, options, table, all_bounds(parser))
     if problems:
         raise ConfigError(problems)
     return Rendered(program + options, program, namespace)

@@ -33,30 +33,29 @@ from entrypoint.statusfile import remove_quietly, write_json_atomic
 from entrypoint.watcher import EXITED, VALIDATING, Tracker, WatchConfig
 
 
+def _write_start_status(env: Mapping[str, str], phase: str, **fields: object) -> None:
+    """The status before the watcher exists. Best effort: prepare() reports unusable paths."""
+    path = settings.status_path_for(settings.ready_file_from(env), env)
+    now = time.time()
+    with contextlib.suppress(OSError):
+        if not os.path.isdir(path):
+            write_json_atomic(
+                path, {"phase": phase, "since": now, "heartbeat": now, "pid": os.getpid(), **fields}
+            )
+
+
 def mark_validating(env: Mapping[str, str]) -> None:
     """The first step of every start: a ready file left by an earlier run (Kubernetes
     keeps /run/serve across container restarts) goes before validation begins, and
-    the status says what is happening. Best effort: prepare() reports unusable paths."""
-    ready = settings.ready_file_from(env)
-    now = time.time()
+    the status says what is happening."""
     with contextlib.suppress(OSError):
-        remove_quietly(ready)
-    with contextlib.suppress(OSError):
-        if not os.path.isdir(status := settings.status_path_for(ready, env)):
-            write_json_atomic(
-                status, {"phase": VALIDATING, "since": now, "heartbeat": now, "pid": os.getpid()}
-            )
+        remove_quietly(settings.ready_file_from(env))
+    _write_start_status(env, VALIDATING)
 
 
 def mark_refused(env: Mapping[str, str], problems: list[str], code: int) -> None:
     """A start stopped before the exec: the status names why, and nothing reads as ready."""
-    ready = settings.ready_file_from(env)
-    now = time.time()
-    status = {"phase": EXITED, "since": now, "heartbeat": now, "pid": os.getpid(),
-              "exit_code": code, "reason": "; ".join(problems)}  # fmt: skip
-    with contextlib.suppress(OSError):
-        if not os.path.isdir(path := settings.status_path_for(ready, env)):
-            write_json_atomic(path, status)
+    _write_start_status(env, EXITED, exit_code=code, reason="; ".join(problems))
 
 
 def drop_service_link_port(environ: dict[str, str]) -> str | None:

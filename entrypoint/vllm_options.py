@@ -122,6 +122,17 @@ class OptionTable:
     def names(self) -> list[str]:
         return sorted(self.actions)
 
+    def given(self, argv: list[str]) -> list[tuple[str, argparse.Action]]:
+        """(option string, action) for each known `--option` or `--option=value` in argv."""
+        found = []
+        for element in argv:
+            if element.startswith("--"):
+                option = element.split("=", 1)[0]
+                action = self.actions.get(option)
+                if action is not None:
+                    found.append((option, action))
+        return found
+
 
 # JSON options: the top-level shape the EngineArgs/FrontendArgs annotation admits
 # (an object for a dict or a config dataclass, an array for a list). vLLM's json.loads

@@ -75,9 +75,11 @@ class Tracker:
     reason: str | None = None
     exit_code: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    pid_start: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.since = self.clock()
+        self.pid_start = process_start(self.config.pid)  # fixed for the pid's lifetime
 
     def _enter(self, phase: str, reason: str | None) -> None:
         if phase != self.phase:
@@ -143,7 +145,7 @@ class Tracker:
         status = self.status()
         if self.phase == READY:
             ready = {k: status[k] for k in ("phase", "pid", "heartbeat", "argv_digest")}
-            ready["pid_start"] = process_start(self.config.pid)
+            ready["pid_start"] = self.pid_start
             write_ready(self.config.ready_file, {**ready, "stale_after": self.config.stale_after})
         else:
             remove_quietly(self.config.ready_file)

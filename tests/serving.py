@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+START_TIMEOUT = 420.0  # a cold CPU start of the tiny model on a loaded 2-core machine
 
 
 def free_port() -> int:
@@ -160,6 +161,25 @@ class Served:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def status_json(served: Served) -> dict:
+    """The watcher's status file of `served`, {} while there is none."""
+    from entrypoint.statusfile import read_json
+
+    return read_json(str(served.status)) or {}
+
+
+def stop(served: Served) -> None:
+    """Leave nothing behind: the whole session, then the watcher (its own session)."""
+    watcher = status_json(served).get("watcher_pid")
+    for pid in session_pids(served.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    if served.proc.poll() is None:
+        served.proc.kill()
+    served.proc.wait()
+    if watcher:
+        wait_for(lambda: gone(watcher), 10, "watcher ends with vLLM")
 
 
 def start_serve(folder: Path, **settings: str) -> Served:

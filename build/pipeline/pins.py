@@ -63,15 +63,20 @@ def _table(path: Path, where: str, value: object) -> dict:
     return value
 
 
-def _file_entry(path: Path, where: str, key: str, entry: object) -> PinnedFile:
-    entry = _table(path, where, entry)
+def _strings(path: Path, where: str, table: dict, fields: tuple[str, ...]) -> None:
+    """The fields of `table` that are present are strings, or a PipelineError naming them."""
     wrong = [
-        f"{field} ({type(entry[field]).__name__})"
-        for field in (*REQUIRED, "role")
-        if field in entry and not isinstance(entry[field], str)
+        f"{field} ({type(table[field]).__name__})"
+        for field in fields
+        if field in table and not isinstance(table[field], str)
     ]
     if wrong:
         raise PipelineError(f"{path}: [{where}] must give strings; not: {', '.join(wrong)}")
+
+
+def _file_entry(path: Path, where: str, key: str, entry: object) -> PinnedFile:
+    entry = _table(path, where, entry)
+    _strings(path, where, entry, (*REQUIRED, "role"))
     missing = [field for field in REQUIRED if not entry.get(field)]
     if missing:
         raise PipelineError(f"{path}: [{where}] lacks {', '.join(missing)}")
@@ -120,9 +125,7 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
     git = data.get("vllm-git")
     if git is not None:
         git = _table(path, "vllm-git", git)
-        wrong = [k for k in ("url", "ref", "commit") if not isinstance(git.get(k, ""), str)]
-        if wrong:
-            raise PipelineError(f"{path}: [vllm-git] must give strings; not: {', '.join(wrong)}")
+        _strings(path, "vllm-git", git, ("url", "ref", "commit"))
     return Pins(
         path=path,
         files=files,

@@ -27,7 +27,10 @@ def locked(folder: Path, what: str) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"{what}: waiting for another run that holds {lock_path}", file=sys.stderr)
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            print(f"{what}: waiting for another run (pid {holder}) that holds {lock_path}",
+                  file=sys.stderr)  # fmt: skip
             started = time.monotonic()
             fcntl.flock(handle, fcntl.LOCK_EX)
             print(f"{what}: got {lock_path} after {time.monotonic() - started:.0f} s",
@@ -43,14 +46,11 @@ def locked(folder: Path, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def remove_leftovers(folder: Path) -> list[Path]:
+def remove_leftovers(folder: Path) -> None:
     """Staging folders of killed runs inside `folder` (`.<name>.<random>`, see
     source._staging). Only called under the lock, so none of them is in use."""
-    removed = []
     if folder.is_dir():
         for entry in folder.iterdir():
             if entry.name.startswith(".") and entry.name.count(".") >= 2 and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry)
                 print(f"removed {entry} (left by a run that was killed)", file=sys.stderr)
-    return removed

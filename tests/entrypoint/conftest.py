@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.entrypoint.recording import Recorder
-from tests.serving import free_port
+from tests.serving import free_port, run_module
 
 # Markers of tests that are allowed to start real processes.
 PROCESS_MARKERS = ("vllm_server", "process")
@@ -90,3 +90,13 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     monkeypatch.setattr(os, "execvp", rec.execvp)
     monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
     return rec
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Qwen3, built with the project's own command as the CPU smoke image does."""
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    result = run_module("fixtures.tiny_model", str(folder), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    return str(folder)

@@ -15,9 +15,16 @@ import pytest
 from entrypoint import probe
 from entrypoint.process_tree import descendants
 from entrypoint.statusfile import read_json, read_ready, write_ready
-from tests.entrypoint.test_entrypoint_vllm_server import START_TIMEOUT, status_json, stop
-from tests.entrypoint.test_entrypoint_vllm_server import tiny_model as tiny_model  # noqa: F401
-from tests.serving import Served, gone, session_pids, start_serve, wait_for
+from tests.serving import (
+    START_TIMEOUT,
+    Served,
+    gone,
+    session_pids,
+    start_serve,
+    status_json,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.vllm_server
 

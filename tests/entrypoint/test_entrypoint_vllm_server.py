@@ -13,45 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.statusfile import read_json, read_ready
+from entrypoint.statusfile import read_ready
 from tests.serving import (
+    START_TIMEOUT,
     Served,
     gone,
     run_entrypoint,
-    run_module,
     session_pids,
     start_serve,
+    status_json,
+    stop,
     wait_for,
 )
 
 pytestmark = pytest.mark.vllm_server
-START_TIMEOUT = 420.0  # a cold CPU start on a loaded 2-core machine
-
-
-def status_json(served: Served) -> dict:
-    return read_json(str(served.status)) or {}
-
-
-def stop(served: Served) -> None:
-    """Leave nothing behind: the whole session, then the watcher (its own session)."""
-    watcher = status_json(served).get("watcher_pid")
-    for pid in session_pids(served.proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    if served.proc.poll() is None:
-        served.proc.kill()
-    served.proc.wait()
-    if watcher:
-        wait_for(lambda: gone(watcher), 10, "watcher ends with vLLM")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Built with the project's own command, as the CPU smoke image does."""
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    result = run_module("fixtures.tiny_model", str(folder), timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
