@@ -324,3 +324,14 @@ def test_a_service_link_vllm_port_is_dropped_with_a_warning(
     monkeypatch.setenv("VLLM_PORT", "29600")  # a real port number is the user's and stays
     result = invoke({**base_env, "VLLM_PORT": "29600"}, "serve")
     assert "VLLM_PORT" not in result.output and seen == {"VLLM_PORT": "29600"}
+
+
+def test_the_status_says_validating_while_the_checks_run(tmp_path: Path) -> None:
+    from entrypoint.serve import mark_validating
+
+    ready = tmp_path / "ready"
+    _ready_for(ready, time.time(), process_start(os.getpid()))
+    mark_validating({"SERVE_READY_FILE": str(ready)})
+    status = read_json(str(tmp_path / "status.json"))
+    assert not ready.exists()
+    assert status is not None and status["phase"] == "validating" and status["pid"] == os.getpid()
