@@ -14,7 +14,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
-        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu image image-cpu image-cpu-gguf \
+        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf \
         lint-deploy e2e check-image bench-build clean
 
 help: ## list the targets
@@ -98,6 +98,9 @@ smoke-gguf: ## CPU GGUF image + compose `smoke-gguf` (Gemma 3 270M Q4_K_M): read
 
 bench-gguf-cpu: venv ## GGUF-on-CPU baseline: load time, peak RSS, tokens/s (Gemma 3 270M Q4_K_M)
 	$(VPY) bench/gguf_cpu/bench_gguf_cpu.py
+
+bench-gguf-load: venv ## GGUF load: floor vs loader throughput, bytes read per TP rank, header parse, peak RSS, Gemma ready (GIB=3)
+	$(VPY) bench/gguf/bench_gguf_load.py --gib $(or $(GIB),3)
 
 image: ## build the CUDA image frontier-serve:cuda (GPU host; pulls the CUDA base)
 	build/docker/build-image.sh runtime

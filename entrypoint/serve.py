@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import gpus, settings
+from entrypoint import gpus, load_progress, settings
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
@@ -111,6 +111,7 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         failures=watch.failures,
         stale_after=watch.stale_after,
         hints=model_hints(rendered.namespace.model),
+        load_progress_dir=load_progress.folder_for(watch.status_file),
     )
 
 
@@ -151,6 +152,8 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
 def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
     # A stale ready file from an earlier run must not make this one look ready.
     remove_quietly(config.ready_file)
+    if config.load_progress_dir:  # so is an earlier run's load progress
+        load_progress.clear(config.load_progress_dir)
     Tracker(config, extra={"watcher_pid": None}).write()
     return subprocess.Popen(
         [sys.executable, "-m", "entrypoint.watcher", config.to_json()],
@@ -163,6 +166,8 @@ def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
 def exec_vllm(rendered: Rendered, config: WatchConfig | None) -> int:
     """Exec vLLM; returns only if the exec itself failed."""
     watcher = start_watcher(config) if config is not None else None
+    if config is not None:
+        load_progress.export(config.load_progress_dir, os.environ)
     for hint in config.hints if config is not None else model_hints(rendered.namespace.model):
         print(f"frontier-serve: warning: {hint}", file=sys.stderr)
     print(

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from entrypoint import load_progress
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
@@ -51,6 +52,8 @@ class WatchConfig:
     # Known trouble found before the exec (e.g. a missing model folder), quoted in the
     # status if vLLM dies before it is ready: vLLM's own message is only in its log.
     hints: list[str] = field(default_factory=list)
+    # Where the plugin's loading ranks report bytes loaded (entrypoint/load_progress.py).
+    load_progress_dir: str | None = None
 
     @classmethod
     def from_json(cls, text: str) -> WatchConfig:
@@ -122,6 +125,9 @@ class Tracker:
         self.write()
 
     def status(self) -> dict[str, Any]:
+        loading = None
+        if self.config.load_progress_dir and self.phase in (STARTING, UNHEALTHY, EXITED):
+            loading = load_progress.summary(self.config.load_progress_dir)
         return {
             "phase": self.phase,
             "since": self.since,
@@ -138,6 +144,7 @@ class Tracker:
             "reason": self.reason,
             "exit_code": self.exit_code,
             "hints": self.config.hints,
+            **({"loading": loading} if loading else {}),
             **self.extra,
         }
 

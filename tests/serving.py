@@ -163,6 +163,15 @@ class Served:
             self.proc.wait()
 
 
+def greedy(served: Served, prompt_ids: list[int], tokens: int) -> dict:
+    """A greedy completion of exactly *tokens* tokens, with their ids."""
+    model = served.get("/v1/models")["data"][0]["id"]
+    return served.post("/v1/completions", {
+        "model": model, "prompt": prompt_ids, "max_tokens": tokens, "min_tokens": tokens,
+        "temperature": 0, "return_token_ids": True,
+    })
+
+
 def status_json(served: Served) -> dict:
     """The watcher's status file of `served`, {} while there is none."""
     from entrypoint.statusfile import read_json

@@ -27,46 +27,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "gguf"))
 
-from entrypoint.plugin_files import module as plugin_module  # noqa: E402
-
-GLM5 = {
-    "model_type": "glm_moe_dsa", "hidden_size": 6144, "num_attention_heads": 64,
-    "q_lora_rank": 2048, "kv_lora_rank": 512, "qk_nope_head_dim": 192,
-    "qk_rope_head_dim": 64, "v_head_dim": 256, "index_topk": 2048, "index_n_heads": 32,
-    "index_head_dim": 128, "num_nextn_predict_layers": 1, "first_k_dense_replace": 3,
-    "intermediate_size": 12288, "moe_intermediate_size": 2048, "n_routed_experts": 256,
-    "n_shared_experts": 1, "topk_method": "noaux_tc", "vocab_size": 154880,
-    "tie_word_embeddings": False,
-}
-CHUNK = 64 << 20
-
-
-def qtype(shape: tuple[int, ...]) -> gguf.GGMLQuantizationType:
-    T = gguf.GGMLQuantizationType
-    if len(shape) == 1:
-        return T.F32
-    return T.Q4_K if shape[-1] % 256 == 0 else T.Q8_0
-
-
-def nbytes(shape: tuple[int, ...], t: gguf.GGMLQuantizationType) -> int:
-    block, size = gguf.GGML_QUANT_SIZES[t]
-    return int(np.prod(shape)) // block * size
-
-
-def plan(target: int) -> tuple[dict, dict]:
-    """A GLM-5 config with as many layers (8 experts each) as fit *target* bytes."""
-    layout_mod = plugin_module("layout")
-    cfg = dict(GLM5, n_routed_experts=8, num_hidden_layers=4)
-    for layers in range(4, 79):
-        cfg["num_hidden_layers"] = layers
-        layout = layout_mod.build_layout(cfg)
-        tensors = {n: s for n, s in layout.items() if s.kv_part or not s.optional
-                   or n == "output.weight"}
-        total = sum(nbytes(s.shape, qtype(s.shape)) for s in tensors.values())
-        if total >= target:
-            break
-    return cfg, tensors
+from synthetic_glm5 import CHUNK, evict, nbytes, plan, qtype  # noqa: E402
 
 
 def write(path: Path, cfg: dict, tensors: dict) -> int:
@@ -96,15 +59,6 @@ def write(path: Path, cfg: dict, tensors: dict) -> int:
     os.fsync(fout.fileno())
     w.close()
     return path.stat().st_size
-
-
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def time_check(path: Path, cfg_dir: Path) -> tuple[float, int]:
@@ -145,9 +99,9 @@ def main() -> int:
         size = write(path, cfg, tensors)
         print(f"wrote {size / 2**30:.2f} GiB, {len(tensors)} tensors, "
               f"{cfg['num_hidden_layers']} layers + MTP in {time.perf_counter() - t0:.1f} s")
-        evict(path)
+        evict([path])
         check_s, rc = time_check(path, work)
-        evict(path)
+        evict([path])
         read_s = time_read(path)
         print(f"check-gguf (cold, fresh interpreter): {check_s:.2f} s, exit {rc}")
         print(f"one sequential read (cold):          {read_s:.2f} s "

@@ -14,59 +14,16 @@ tensors", and the fixture reports that log.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.serving import Served, run_entrypoint, start_serve
+from tests.gguf_cpu.conftest import NEW_TOKENS
+from tests.serving import Served, greedy, run_entrypoint, start_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 START_TIMEOUT = 900.0  # cold start + one-time dequantization on a loaded 2-core machine
-PROMPT = "The capital of France is Paris. The capital of Germany is"
-NEW_TOKENS = 16
-
-
-@pytest.fixture(scope="module")
-def gemma_config(gemma_path: Path) -> Path:
-    """Config and tokenizer read from the GGUF by entrypoint.gguf_config (cached)."""
-    from entrypoint.gguf_config import extract
-
-    folder, _ = extract(gemma_path)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def prompt_ids(gemma_config: Path) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gemma_config)
-    ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    return [tokenizer.bos_token_id, *ids]  # Gemma expects <bos>; sent as ids to both sides
-
-
-@pytest.fixture(scope="module")
-def reference(gemma_path: Path, gemma_config: Path, prompt_ids: list[int]) -> list[int]:
-    """16 greedy tokens from transformers' Gemma 3 on gguf-py-dequantized weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        gemma_path.parent, gguf_file=gemma_path.name, dtype=torch.float32
-    )
-    model.eval()
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-        )
-    tokens = out[0, len(prompt_ids) :].tolist()
-    del model, out
-    gc.collect()  # free ~1 GiB before vLLM loads its own copy
-    return tokens
 
 
 @pytest.fixture(scope="module")
@@ -95,24 +52,6 @@ def server(
         served.terminate()
 
 
-def greedy(server: Served, prompt_ids: list[int]) -> dict:
-    return server.post(
-        "/v1/completions",
-        {
-            "model": server_model(server),
-            "prompt": prompt_ids,
-            "max_tokens": NEW_TOKENS,
-            "min_tokens": NEW_TOKENS,
-            "temperature": 0,
-            "return_token_ids": True,
-        },
-    )
-
-
-def server_model(server: Served) -> str:
-    return server.get("/v1/models")["data"][0]["id"]
-
-
 def test_serve_took_config_and_tokenizer_from_the_file(
     server: Served, gemma_config: Path
 ) -> None:
@@ -129,7 +68,8 @@ def test_ready_and_probe(server: Served) -> None:
 def test_greedy_tokens_are_deterministic_and_match_transformers(
     server: Served, prompt_ids: list[int], reference: list[int]
 ) -> None:
-    first, second = greedy(server, prompt_ids), greedy(server, prompt_ids)
+    first = greedy(server, prompt_ids, NEW_TOKENS)
+    second = greedy(server, prompt_ids, NEW_TOKENS)
     tokens = first["choices"][0]["token_ids"]
     text = first["choices"][0]["text"]
     print(f"\nvLLM: {tokens} {text!r}\nref:  {reference}")
@@ -137,3 +77,18 @@ def test_greedy_tokens_are_deterministic_and_match_transformers(
     assert second["choices"][0]["token_ids"] == tokens
     assert second["choices"][0]["text"] == text
     assert tokens == reference
+
+
+def test_the_load_reported_bytes_per_rank(server: Served, gemma_path: Path) -> None:
+    """The plugin in vLLM's worker wrote its progress where serve told it to."""
+    import json
+
+    from entrypoint.plugin_files import module as plugin_module
+
+    tensors = plugin_module("headers").read_header(gemma_path).tensors
+    record = json.loads((server.folder / "status.json.load" / "rank-0.json").read_text())
+    assert record["finished"] and record["percent"] == 100
+    assert record["done_bytes"] == record["total_bytes"] == sum(t.nbytes for t in tensors)
+    log = server.log.read_text(errors="replace")
+    assert "GGUF weights rank 0: loading 0.23 GiB from 1 file(s)" in log
+    assert "GGUF weights rank 0: 0.23 GiB of 0.23 GiB (100%)" in log

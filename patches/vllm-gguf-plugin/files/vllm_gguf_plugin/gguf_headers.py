@@ -5,7 +5,11 @@ gguf-py's GGUFReader builds numpy views for every field and tensor, which is
 slow on large tokenizers and fails obscurely on truncated files. This module
 walks the header with ``struct`` over an mmap (only header pages are touched),
 finds the parts of a split set, and checks that every tensor lies inside its
-file. It depends on the standard library plus gguf-py's ``constants.py`` so that
+file. Large metadata arrays (tokenizer tokens, merges, scores) are skipped on
+parse and decoded only on request (``read_array``). A process parses each file
+once: ``read_header`` keeps its result per path, size, inode and mtime, so the
+name map, the adapter, the unquantized-module list and the tensor iterator
+share one parse. It depends on the standard library plus gguf-py's ``constants.py`` so that
 the preflight command can load it without importing vLLM, torch or numpy.
 """
 
@@ -78,10 +82,14 @@ class TensorInfo:
 
 @dataclass
 class GGUFHeader:
+    """One parsed header. Shared by every caller in the process: do not modify."""
+
     path: str
     version: int
     fields: dict[str, object] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
+    # skipped arrays: key -> (element type, count, byte offset of the first element)
+    array_spans: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     tensors: list[TensorInfo] = field(default_factory=list)
     file_size: int = 0
 
@@ -150,6 +158,8 @@ class _Cursor:
             raise GGUFHeaderError(f"{self.path}: key {key} has unknown type {vtype}")
         etype, count = int(self.take("I")), int(self.take("Q"))
         hdr.array_lengths[key] = count
+        if count > _KEEP_ARRAY_MAX and etype in (*_SCALARS, _STRING):
+            hdr.array_spans[key] = (etype, count, self.pos)
         if count > _KEEP_ARRAY_MAX and etype in _SCALARS:
             self.pos += struct.calcsize("<" + _SCALARS[etype]) * count
             return None
@@ -160,19 +170,49 @@ class _Cursor:
         return items if count <= _KEEP_ARRAY_MAX else None
 
 
+# (path, device, inode, size, mtime_ns) -> parsed header; a rewritten file parses again
+_PARSED: dict[tuple[str, int, int, int, int], GGUFHeader] = {}
+
+
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Parse one GGUF file's header; raise GGUFHeaderError naming the file."""
+    """Parse one GGUF file's header (once per process); raise GGUFHeaderError naming it."""
     path = str(path)
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below, mmap outlives `with`
     except OSError as exc:
         raise GGUFHeaderError(f"{path}: cannot open ({exc.strerror})") from exc
     with fh:
-        size = os.fstat(fh.fileno()).st_size
+        st = os.fstat(fh.fileno())
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = _PARSED.get(key)
+        if cached is not None:
+            return cached
+        size = st.st_size
         if size < 24:
             raise GGUFHeaderError(f"{path}: too short to be a GGUF file ({size} bytes)")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(buf, path, size)
+            header = _parse(buf, path, size)
+    _PARSED[key] = header
+    return header
+
+
+def read_array(header: GGUFHeader, key: str) -> list[object]:
+    """A metadata array the parse skipped (or kept), decoded from the file now."""
+    if key not in header.array_spans:
+        value = header.fields.get(key)
+        if isinstance(value, list):
+            return value
+        raise KeyError(f"{header.path}: no array {key}")
+    etype, count, pos = header.array_spans[key]
+    with open(header.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if etype in _SCALARS:
+            fmt = "<%d%s" % (count, _SCALARS[etype])  # noqa: UP031 - struct format
+            if pos + struct.calcsize(fmt) > len(buf):
+                raise GGUFHeaderError(f"{header.path}: header ends early (truncated file?)")
+            return list(struct.unpack_from(fmt, buf, pos))
+        cur = _Cursor(buf, header.path)
+        cur.pos = pos
+        return [cur.string() for _ in range(count)]
 
 
 def _parse(buf: mmap.mmap, path: str, size: int) -> GGUFHeader:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import gguf
 import torch
 from vllm.logger import init_logger
 
-from ..gguf_headers import GGUFHeaderError, read_set
+from ..gguf_headers import GGUFHeaderError, TensorInfo, read_set
+from ..gguf_tensors import ahead, iter_set, other_stage, owned_layers, will_read
 from .base import GGUFLoadSpec
 from .default import GGUFWeightsAdapter
 from .mla_layout import (
@@ -31,7 +31,7 @@ from .mla_layout import (
     pairing_errors,
     spec_layer_base,
 )
-from .mla_tensors import PLAIN_TYPES, dequantized, fuse_kv_b, raw_tensor
+from .mla_tensors import PLAIN_TYPES, dequantized, fuse_kv_b
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -95,6 +95,7 @@ class MLAGGUFAdapter(GGUFWeightsAdapter):
         if errors:
             raise GGUFLoadError("; ".join(errors))
         spec_only = cfg.model_type == "deepseek_mtp"
+        self.spec_only, self.num_layers = spec_only, int(cfg.num_hidden_layers)
         located = {t.name: t for h in headers for t in h.tensors}
         self.layout = build_layout(cfg, spec_only=spec_only)
         self._check(located, spec_only)
@@ -162,39 +163,49 @@ class MLAGGUFAdapter(GGUFWeightsAdapter):
 
     def prepare_weights(self, model_config: ModelConfig) -> Iterable[tuple[str, torch.Tensor]]:
         del model_config
-        yield from self.map_weights(self._iter_tensors())
+        # The kv_b dequantization runs ahead, overlapping the loader's copies.
+        yield from self.map_weights(ahead(self._iter_tensors()))
 
     def _iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         pending: dict[str, dict[str, torch.Tensor]] = {}
         origin: dict[str, str] = {}
-        for path in self.load_spec.weights_source:
-            for tensor in gguf.GGUFReader(path).tensors:
-                slot = self.layout.get(tensor.name)
-                if slot is None:
-                    continue
-                if slot.kv_part:
-                    parts = pending.setdefault(slot.hf_name, {})
-                    parts[slot.kv_part] = dequantized(tensor, torch.float32)
-                    origin[slot.hf_name] = f"{path}: {tensor.name}"
-                    if len(parts) == 2:
-                        del pending[slot.hf_name]
-                        fused = fuse_kv_b(parts["k"], parts["v"]).to(self.dtype)
-                        yield slot.hf_name, fused
-                    continue
-                yield from self._convert(tensor, slot)
+        # Never read what this model does not build: another pipeline stage's
+        # layers, and in the main model the MTP blocks (the draft loads them).
+        # Their kv_b halves would otherwise be dequantized for nothing.
+        owned = None if self.spec_only else owned_layers(self.num_layers)
+
+        def elsewhere(name: str) -> bool:
+            return other_stage(name, self.num_layers, owned, draft_blocks=self.spec_only)
+
+        for info, stored in iter_set(self.load_spec.weights_source, self.layout, elsewhere):
+            slot = self.layout[info.name]
+            if slot.kv_part or info.name in self.dequant:
+                will_read(stored)  # read whole by every rank: ask for all of it at once
+            if slot.kv_part:
+                parts = pending.setdefault(slot.hf_name, {})
+                parts[slot.kv_part] = dequantized(info, stored, torch.float32)
+                origin[slot.hf_name] = f"{info.path}: {info.name}"
+                if len(parts) == 2:
+                    del pending[slot.hf_name]
+                    fused = fuse_kv_b(parts["k"], parts["v"]).to(self.dtype)
+                    yield slot.hf_name, fused
+                continue
+            yield from self._convert(info, stored, slot)
         if pending:
             raise GGUFLoadError(
                 "split kv_b incomplete: "
                 + "; ".join(f"{origin[n]} has no partner" for n in sorted(pending))
             )
 
-    def _convert(self, tensor: gguf.ReaderTensor, slot: Slot) -> Iterator[tuple[str, torch.Tensor]]:
-        if tensor.tensor_type.name in PLAIN_TYPES:
-            yield slot.hf_name, raw_tensor(tensor)
-        elif tensor.name in self.dequant:
-            yield slot.hf_name, dequantized(tensor, self.dtype)
+    def _convert(
+        self, info: TensorInfo, stored: torch.Tensor, slot: Slot
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        if info.type_name in PLAIN_TYPES:
+            yield slot.hf_name, stored
+        elif info.name in self.dequant:
+            yield slot.hf_name, dequantized(info, stored, self.dtype)
         else:
             # Only the trailing ".weight" is renamed (indexer.weights_proj!).
             base = slot.hf_name.removesuffix(".weight")
-            yield f"{base}.qweight_type", torch.tensor(int(tensor.tensor_type))
-            yield f"{base}.qweight", raw_tensor(tensor)
+            yield f"{base}.qweight_type", torch.tensor(info.type_id)
+            yield f"{base}.qweight", stored

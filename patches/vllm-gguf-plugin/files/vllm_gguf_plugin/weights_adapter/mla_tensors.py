@@ -3,33 +3,26 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 
-PLAIN_TYPES = frozenset({"F32", "F16", "BF16"})
+from ..gguf_headers import TensorInfo
+from ..gguf_tensors import PLAIN_TYPES
+
+__all__ = ["PLAIN_TYPES", "dequantized", "fuse_kv_b", "split_kv_b"]
 
 
-def raw_tensor(tensor: ReaderTensor) -> torch.Tensor:
-    """The tensor as stored: plain types as numbers, quantized as row bytes."""
-    data = tensor.data
-    if tensor.tensor_type == GGMLQuantizationType.BF16:
-        # gguf-py hands BF16 back as raw bytes or uint16; numpy has no bfloat16.
-        as_u16 = np.ascontiguousarray(data).view(np.uint16)
-        shape = tuple(reversed([int(d) for d in tensor.shape]))
-        return torch.from_numpy(as_u16.reshape(shape).copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(data))
+def dequantized(info: TensorInfo, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Values of one stored tensor (``gguf_tensors.tensor_view``) in numpy order as *dtype*.
 
-
-def dequantized(tensor: ReaderTensor, dtype: torch.dtype) -> torch.Tensor:
-    """Values of *tensor* in numpy order as *dtype*, whatever its GGML type."""
-    if tensor.tensor_type.name in PLAIN_TYPES:
-        return raw_tensor(tensor).to(dtype)
-    values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    shape = tuple(reversed([int(d) for d in tensor.shape]))
-    return torch.from_numpy(np.ascontiguousarray(values).reshape(shape)).to(dtype)
+    Plain types of the same dtype come back as the view itself (the loader copies
+    it); quantized ones are decoded by gguf-py.
+    """
+    if info.type_name in PLAIN_TYPES:
+        return stored.to(dtype)
+    values = dequantize(stored.numpy(), GGMLQuantizationType(info.type_id))
+    return torch.from_numpy(values.reshape(info.shape)).to(dtype)
 
 
 def fuse_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
