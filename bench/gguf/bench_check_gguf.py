@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,43 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import gguf
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "gguf"))
 
-from synthetic_glm5 import CHUNK, evict, nbytes, plan, qtype  # noqa: E402
-
-
-def write(path: Path, cfg: dict, tensors: dict) -> int:
-    w = gguf.GGUFWriter(str(path), "glm-dsa")
-    w.add_block_count(cfg["num_hidden_layers"] + 1)
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_token_list([f"tok{i}" for i in range(cfg["vocab_size"])])
-    for name, slot in tensors.items():
-        t = qtype(slot.shape)
-        w.add_tensor_info(name, slot.shape, np.dtype(np.float32), nbytes(slot.shape, t),
-                          raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    fout = w.fout[0]
-    w.write_padding(fout, fout.tell())
-    noise = np.random.default_rng(0).integers(0, 256, CHUNK, dtype=np.uint8).tobytes()
-    for slot in tensors.values():
-        size = left = nbytes(slot.shape, qtype(slot.shape))
-        while left:
-            step = min(left, CHUNK)
-            fout.write(noise[:step])
-            left -= step
-        w.write_padding(fout, size)  # each tensor's data ends on the alignment
-    fout.flush()
-    os.fsync(fout.fileno())
-    w.close()
-    return path.stat().st_size
+from synthetic_glm5 import evict, plan, write_set  # noqa: E402
 
 
 def time_check(path: Path, cfg_dir: Path) -> tuple[float, int]:
@@ -94,9 +61,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-check-gguf-", dir=args.dir))
     try:
         (work / "config.json").write_text(json.dumps(cfg))
-        path = work / "synthetic-glm5.gguf"
         t0 = time.perf_counter()
-        size = write(path, cfg, tensors)
+        (path,) = write_set(work, cfg, tensors, parts=1)
+        size = path.stat().st_size
         print(f"wrote {size / 2**30:.2f} GiB, {len(tensors)} tensors, "
               f"{cfg['num_hidden_layers']} layers + MTP in {time.perf_counter() - t0:.1f} s")
         evict([path])

@@ -105,8 +105,22 @@ def test_kv_b_fusion_inverts_the_converter_split() -> None:
         fuse_kv_b(k_b.transpose(1, 2), v_b[:, :, :-1])
 
 
+def main_and_draft(tiny_dir: Path, dtype: torch.dtype = torch.float32
+                   ) -> tuple[MLAGGUFAdapter, dict[str, torch.Tensor]]:
+    """What the main model's adapter yields, plus the MTP block from the draft's.
+
+    The main model never reads the MTP block (vLLM drops it unread, and the adapter
+    skips it before dequantizing its kv_b); the deepseek_mtp draft loads it.
+    """
+    mtp = f"model.layers.{CONFIG['num_hidden_layers']}."
+    adapter, items = load(tiny_dir / GGUF_NAME, tiny_dir, dtype=dtype)
+    assert not [n for n in items if n.startswith(mtp)]
+    _, draft = load(tiny_dir / GGUF_NAME, tiny_dir, dtype=dtype, model_type="deepseek_mtp")
+    return adapter, {**items, **{n: v for n, v in draft.items() if n.startswith(mtp)}}
+
+
 def test_every_parameter_round_trips_with_stub_model_config(tiny: Tiny, tiny_dir: Path) -> None:
-    _, items = load(tiny_dir / GGUF_NAME, tiny_dir)
+    _, items = main_and_draft(tiny_dir)
     got = decode(items)
     assert set(got) == set(tiny.sd), (set(tiny.sd) ^ set(got))
     compare(tiny, got, tiny.sd)
@@ -119,7 +133,7 @@ def test_every_parameter_round_trips_with_stub_model_config(tiny: Tiny, tiny_dir
 def test_unquantized_targets_arrive_plain_in_model_dtype_with_stub_model_config(
     tiny_dir: Path,
 ) -> None:
-    adapter, items = load(tiny_dir / GGUF_NAME, tiny_dir, dtype=torch.bfloat16)
+    adapter, items = main_and_draft(tiny_dir, dtype=torch.bfloat16)
     plain = [
         "model.layers.1.self_attn.indexer.wk.weight",  # Q8_0 in the file
         "model.layers.1.self_attn.indexer.weights_proj.weight",  # Q4_0

