@@ -119,21 +119,24 @@ def vllm_config_json(cfg: dict) -> dict:
     return full
 
 
-def classify(model, slot, ep: bool, tp: int) -> str:  # type: ignore[no-untyped-def]
+def classify(model, slot, ep: bool, tp: int, spec_base: int) -> str:  # type: ignore[no-untyped-def]
     """How vLLM's module for this tensor shards it across TP ranks."""
     from vllm.model_executor.layers.linear import RowParallelLinear
+    from vllm_gguf_plugin.weights_adapter.mla_layout import module_names
 
     hf = slot.hf_name
     if slot.kv_part:
         return "replicated"  # fused after dequantization: each rank reads k_b/v_b whole
-    module_name = hf.rsplit(".", 1)[0]
     if ".mlp.experts." in hf:
-        module_name = hf.split(".mlp.experts.")[0] + ".mlp.experts"
-    fused = {"q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj",
-             "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
-             "wk": "wk_weights_proj", "weights_proj": "wk_weights_proj"}
-    parent, _, leaf = module_name.rpartition(".")
-    candidates = [module_name] + ([f"{parent}.{fused[leaf]}"] if leaf in fused else [])
+        candidates = [hf.split(".mlp.experts.")[0] + ".mlp.experts"]
+    else:
+        # The layout's own module names (fused layers included; none for MTP blocks,
+        # which the main model does not build), plus the indexer's wk+weights_proj
+        # fusion, which the layout needs no name for (both are built unquantized).
+        candidates = module_names(hf, spec_base, draft=False)
+        parent, _, leaf = hf.rsplit(".", 1)[0].rpartition(".")
+        if leaf in ("wk", "weights_proj"):
+            candidates.append(f"{parent}.wk_weights_proj")
     module = None
     for name in candidates:
         try:
@@ -153,7 +156,9 @@ def classify(model, slot, ep: bool, tp: int) -> str:  # type: ignore[no-untyped-
 
 
 def child(spec: dict) -> dict:
-    os.environ[("FRONTIER_LOAD_PROGRESS_DIR")] = spec["progress"]
+    from entrypoint import load_progress
+
+    os.environ[load_progress.ENV] = spec["progress"]
     sys.path.insert(0, str(ROOT / "checks" / "gguf"))
     import torch
     import vllm_gguf_plugin
@@ -167,7 +172,7 @@ def child(spec: dict) -> dict:
     from vllm.model_executor.model_loader import get_model_loader
     from vllm_gguf_plugin import loader as gguf_loader
     from vllm_gguf_plugin.gguf_headers import read_set
-    from vllm_gguf_plugin.weights_adapter.mla_layout import build_layout
+    from vllm_gguf_plugin.weights_adapter.mla_layout import build_layout, spec_layer_base
     from vllm_load_probe import stub_sparse_backend
 
     torch.set_num_threads(1)  # as vLLM's CPU worker runs here (one core each, one reserved)
@@ -200,7 +205,8 @@ def child(spec: dict) -> dict:
     progress = json.loads((Path(spec["progress"]) / "rank-0.json").read_text())
 
     headers = read_set(spec["gguf"])
-    layout = build_layout(vllm_config.model_config.hf_config.get_text_config())
+    text_config = vllm_config.model_config.hf_config.get_text_config()
+    layout, spec_base = build_layout(text_config), spec_layer_base(text_config)
     by_class = {c: {"bytes": 0, "share": 0, "read": 0} for c in CLASSES}
     largest_slice = 0
     excess: list[tuple[int, str, str]] = []
@@ -208,7 +214,7 @@ def child(spec: dict) -> dict:
         infos = [t for t in header.tensors if t.name in layout]
         reads = resident(Path(header.path), [(t.offset, t.nbytes) for t in infos])
         for info, read in zip(infos, reads, strict=True):
-            kind = classify(model, layout[info.name], ep, tp)
+            kind = classify(model, layout[info.name], ep, tp, spec_base)
             share = {"replicated": info.nbytes, "unused": 0}.get(kind, info.nbytes // tp)
             row = by_class[kind]
             row["bytes"] += info.nbytes
@@ -234,7 +240,6 @@ def peer_child(spec: dict) -> dict:
 
     parts = [Path(p) for p in spec["parts"]]
     synthetic.evict(parts)
-    held = 0
     with RssSampler() as rss:
         start = time.perf_counter()
         for path in parts:
@@ -244,7 +249,6 @@ def peer_child(spec: dict) -> dict:
                 if tensor.tensor_type.name == "BF16" and data.dtype == np.uint8:
                     data = data.view(np.uint16)
                 param = torch.tensor(data)
-                held = max(held, param.numel() * param.element_size())
                 del param
         elapsed = time.perf_counter() - start
     return {"seconds": elapsed, "peak_anon": rss.peak_anon, "peak_file": rss.peak_file}

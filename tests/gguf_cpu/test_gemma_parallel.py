@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint import load_progress
 from tests.gguf_cpu.conftest import NEW_TOKENS
 from tests.serving import Served, greedy, start_serve
 
@@ -44,7 +45,7 @@ def tp2(gemma_path: Path, gemma_config: Path, reference: list[int],
 def test_each_rank_loads_and_reports_its_share(tp2: Served, prompt_ids: list[int]) -> None:
     answer = greedy(tp2, prompt_ids, NEW_TOKENS)
     assert answer["usage"]["completion_tokens"] == NEW_TOKENS
-    ranks = sorted((tp2.folder / "status.json.load").glob("rank-*.json"))
+    ranks = sorted(Path(load_progress.folder_for(str(tp2.status))).glob("rank-*.json"))
     assert [p.name for p in ranks] == ["rank-0.json", "rank-1.json"]
     assert all(json.loads(p.read_text())["finished"] for p in ranks)
     log = tp2.log.read_text(errors="replace")

@@ -83,10 +83,12 @@ def test_the_load_reported_bytes_per_rank(server: Served, gemma_path: Path) -> N
     """The plugin in vLLM's worker wrote its progress where serve told it to."""
     import json
 
+    from entrypoint import load_progress
     from entrypoint.plugin_files import module as plugin_module
 
     tensors = plugin_module("headers").read_header(gemma_path).tensors
-    record = json.loads((server.folder / "status.json.load" / "rank-0.json").read_text())
+    folder = Path(load_progress.folder_for(str(server.status)))
+    record = json.loads((folder / "rank-0.json").read_text())
     assert record["finished"] and record["percent"] == 100
     assert record["done_bytes"] == record["total_bytes"] == sum(t.nbytes for t in tensors)
     log = server.log.read_text(errors="replace")

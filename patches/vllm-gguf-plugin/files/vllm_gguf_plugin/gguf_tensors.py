@@ -112,9 +112,9 @@ def tensor_view(info: TensorInfo) -> torch.Tensor:
     """The tensor as stored, a view of the file's map: plain types as numbers,
     quantized types as uint8 rows of blocks. Reads nothing until used."""
     shape = row_bytes_shape(info)
-    if info.nbytes == 0:
-        return torch.empty(shape, dtype=_PLAIN_DTYPES.get(info.type_name, torch.uint8))
     dtype = _PLAIN_DTYPES.get(info.type_name, torch.uint8)
+    if info.nbytes == 0:
+        return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(_mapping(info.path), dtype=dtype,
                             count=info.nbytes // dtype.itemsize, offset=info.offset)
     return flat.view(shape)
