@@ -23,13 +23,21 @@ def folder_for(status_file: str) -> str:
     return status_file + ".load"
 
 
-def clear(folder: str) -> None:
-    """Create *folder* and remove an earlier run's rank files from it."""
+def clear(folder: str) -> str | None:
+    """Create *folder* and remove an earlier run's rank files from it.
+
+    Returns why that failed (e.g. a file where the folder should be), or None.
+    Progress is advice: the caller turns it off rather than refusing to start.
+    """
     path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    for old in path.glob("rank-*.json"):
-        with contextlib.suppress(FileNotFoundError):
-            old.unlink()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.glob("rank-*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+    except OSError as exc:
+        return f"{folder}: {exc.strerror or exc}"
+    return None
 
 
 def summary(folder: str) -> dict[str, Any] | None:

@@ -153,7 +153,11 @@ def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
     # A stale ready file from an earlier run must not make this one look ready.
     remove_quietly(config.ready_file)
     if config.load_progress_dir:  # so is an earlier run's load progress
-        load_progress.clear(config.load_progress_dir)
+        why = load_progress.clear(config.load_progress_dir)
+        if why is not None:
+            print(f"frontier-serve: warning: no load progress in the status: {why}",
+                  file=sys.stderr)
+            config.load_progress_dir = None
     Tracker(config, extra={"watcher_pid": None}).write()
     return subprocess.Popen(
         [sys.executable, "-m", "entrypoint.watcher", config.to_json()],

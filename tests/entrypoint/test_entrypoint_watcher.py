@@ -206,35 +206,3 @@ def test_api_key_for_health_checks() -> None:
     assert api_key_from({"SERVE_API_KEY": '["k1", "k2"]'}) == "k1"
     assert api_key_from({"VLLM_API_KEY": "v"}) == "v"
 
-
-def test_loading_ranks_show_in_the_status_until_ready(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two ranks of the patched plugin's real LoadProgress, summed by the watcher."""
-    gguf_tensors = pytest.importorskip("vllm_gguf_plugin.gguf_tensors")
-    from entrypoint import load_progress
-
-    assert load_progress.ENV == gguf_tensors.PROGRESS_DIR_ENV  # one name on both sides
-    folder = load_progress.folder_for(str(tmp_path / "status.json"))
-    load_progress.clear(folder)
-    (Path(folder) / "rank-9.json").write_text("{}")  # an earlier run's leftovers...
-    load_progress.clear(folder)  # ...are gone before the next start
-    assert list(Path(folder).iterdir()) == []
-    config = WatchConfig(pid=os.getpid(), base_url="http://127.0.0.1:1",
-                         ready_file=str(tmp_path / "ready"),
-                         status_file=str(tmp_path / "status.json"), argv_digest="sha256:abc",
-                         load_progress_dir=folder)
-    tracker = Tracker(WatchConfig.from_json(config.to_json()), clock=Clock())
-    monkeypatch.setenv(load_progress.ENV, folder)
-    ranks = []
-    for rank in (0, 1):
-        monkeypatch.setattr(gguf_tensors, "_rank", lambda rank=rank: rank)
-        ranks.append(gguf_tensors.LoadProgress(1000, files=2))
-    ranks[0].advance(500)
-    ranks[1].finish()
-    tracker.record("GET /health: connection refused")
-    loading = status_of(tracker)["loading"]
-    assert (loading["ranks"], loading["finished_ranks"]) == (2, 1)
-    assert (loading["done_bytes"], loading["total_bytes"], loading["percent"]) == (1500, 2000, 75)
-    assert loading["per_rank"]["0"]["percent"] == 50
-    tracker.record(None)
-    assert "loading" not in status_of(tracker)
