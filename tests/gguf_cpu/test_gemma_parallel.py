@@ -4,12 +4,10 @@ Two worker processes, one core each (VLLM_CPU_OMP_THREADS_BIND=0|1: vLLM's autom
 binding wants a NUMA node per worker, and this machine has one). Each rank loads
 its own share through the plugin's mapped tensors and reports it.
 
-Known bad, kept visible: at TP 2 the greedy tokens differ from TP 1 (which equal
-transformers', test_gemma_serve.py). The old copying loader gives the same wrong
-tokens, so the fault is in the CPU compute path or vllm-cpu's TP, not in loading;
-the strict xfail fails the suite once it is fixed, so the test gets turned back on.
-PP 2 is not served here: vllm-cpu 0.32 reaches ready and then fails the first
-request in its model runner (intermediate_tensors is None on rank 1).
+The greedy tokens must equal TP 1's (which equal transformers', test_gemma_serve.py).
+They did not before plugin patch 0007: every rank loaded rank 0's rows of qkv_proj
+and gate_up_proj. PP 2 is not served here: vllm-cpu 0.32 reaches ready and then
+fails the first request in its model runner (intermediate_tensors is None on rank 1).
 """
 
 from __future__ import annotations
@@ -52,8 +50,6 @@ def test_each_rank_loads_and_reports_its_share(tp2: Served, prompt_ids: list[int
     assert "GGUF weights rank 0: " in log and "GGUF weights rank 1: " in log
 
 
-@pytest.mark.xfail(strict=True, reason="TP 2 on vllm-cpu gives other greedy tokens than "
-                   "TP 1, with the old loader too (CPU compute path or vllm-cpu TP)")
 def test_tp2_gives_the_tokens_of_tp1(tp2: Served, prompt_ids: list[int],
                                      reference: list[int]) -> None:
     tokens = greedy(tp2, prompt_ids, NEW_TOKENS)["choices"][0]["token_ids"]
