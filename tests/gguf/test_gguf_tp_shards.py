@@ -2,7 +2,7 @@
 
 vLLM's real MergedColumnParallelLinear / QKVParallelLinear with the plugin's GGUF
 method, loaded in a child process per rank with a stand-in for the TP group
-(tp_shards_child.py). Before plugin patch 0007 every rank kept rank 0's rows.
+(checks/gguf/tp_shards_child.py). Before plugin patch 0007 every rank kept rank 0's rows.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.vllm
-CHILD = Path(__file__).with_name("tp_shards_child.py")
+CHILD = Path(__file__).resolve().parents[2] / "checks" / "gguf" / "tp_shards_child.py"
 
 
 def shards_tp_standin(world: int, rank: int) -> dict[str, list[int]]:

@@ -1,4 +1,4 @@
-"""Child process of test_gguf_tp_shards.py: real vLLM merged/QKV layers with the
+"""Child process of tests/gguf/test_gguf_tp_shards.py: real vLLM merged/QKV layers with the
 plugin's GGUF method, loaded as TP rank R of W (tp-standin: vLLM's TP group told
 the world size and rank this process plays). Prints, per shard, the first byte of
 each row it kept; every source row is filled with its own index."""
@@ -21,8 +21,11 @@ def main() -> None:
     world, rank = int(sys.argv[1]), int(sys.argv[2])
     import vllm_gguf_plugin
     from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed import parallel_state
+    from vllm.distributed import (
+        init_distributed_environment,
+        initialize_model_parallel,
+        parallel_state,
+    )
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
     from vllm_gguf_plugin.quantization.config import GGUFConfig
 
