@@ -45,6 +45,7 @@ def test_glm5(vllm_table) -> None:
         "--gpu-memory-utilization": "0.90",
         "--dtype": "float16",
         "--trust-remote-code": None,
+        "--hf-overrides": '{"indexer_rope_interleave":true}',
         "--disable-access-log-for-endpoints": "/health,/v1/models",
         "--shutdown-timeout": "30",
     }
