@@ -40,6 +40,7 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 from vllm.v1.attention.ops.metadata import compute_token_to_req_indices
+from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 if TYPE_CHECKING:
@@ -311,8 +312,6 @@ def sparse_mla_topk_attention(
     topk_indices: [T, topk] int32 positions in the token's request, -1 = none.
     Returns [T, H, 512] in q's dtype.
     """
-    from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd
-
     kv_rows, block_stride_rows = flat_kv_row_view(kv_cache, block_size)
     slots = triton_convert_req_index_to_global_index(
         req_id_per_token,
