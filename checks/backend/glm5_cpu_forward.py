@@ -3,7 +3,8 @@ checkpoint through vLLM on CPU (TRITON_MLA_SPARSE, float32, enforce-eager).
 
     python checks/backend/glm5_cpu_forward.py MODEL_DIR REQUEST.json
 
-REQUEST.json: {"prompts": [[ids...], ...], "max_tokens": N, "max_num_batched_tokens": M}.
+REQUEST.json: {"prompts": [[ids...], ...], "max_tokens": N, "max_num_batched_tokens": M,
+"llm": {more LLM(...) arguments, e.g. "quantization": "gguf", "hf_config_path": DIR}}.
 Prints one line "GLM5-CPU-REPORT {json}" with the tokens per prompt and the backend.
 """
 
@@ -36,6 +37,7 @@ def main() -> None:
         enable_chunked_prefill=True,
         gpu_memory_utilization=0.05,
         seed=0,
+        **req.get("llm", {}),
     )
     t1 = time.perf_counter()
     outs = llm.generate(

@@ -22,25 +22,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from fixtures import tiny_glm5_hf
+
 pytestmark = [pytest.mark.vllm]
 
 CHILD = Path(__file__).resolve().parents[2] / "checks" / "backend" / "glm5_cpu_forward.py"
-INDEX_TOPK = 16
+INDEX_TOPK = int(tiny_glm5_hf.SIZES["index_topk"])  # type: ignore[call-overload]
 MAX_BATCHED = 32
 NEW_TOKENS = 16
 PROMPT_LENS = (10, 28, 44)  # < index_topk, > index_topk, > max_num_batched_tokens
 
-TINY = dict(
-    vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-    num_hidden_layers=2, first_k_dense_replace=1,  # layer 0 dense, layer 1 MoE
-    num_attention_heads=4, num_key_value_heads=4, q_lora_rank=128, kv_lora_rank=512,
-    qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64,
-    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
-    index_topk=INDEX_TOPK, index_n_heads=16, index_head_dim=128,
-    max_position_embeddings=4096,
-    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-    tie_word_embeddings=False, bos_token_id=0, eos_token_id=None, pad_token_id=None,
-)
 # What vLLM reads that transformers does not store: sigmoid routing with the
 # e_score bias (HF always does that), and the indexer's interleaved RoPE.
 VLLM_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid",
@@ -49,17 +40,7 @@ VLLM_KEYS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid",
 
 def _build_and_save(out: Path, index_topk: int) -> list[list[int]]:
     """Save the seeded tiny model with this index_topk; return HF greedy tokens."""
-    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = GlmMoeDsaConfig(**{**TINY, "index_topk": index_topk})
-    cfg._attn_implementation = "eager"
-    model = GlmMoeDsaForCausalLM(cfg).to(torch.float32).eval()
-    with torch.no_grad():  # a non-trivial router bias, so noaux_tc matters
-        for layer in model.model.layers:
-            gate = getattr(layer.mlp, "gate", None)
-            if gate is not None:
-                gate.e_score_correction_bias.uniform_(-0.05, 0.05)
+    model = tiny_glm5_hf.build(seed=0, index_topk=index_topk)
     model.config.update(VLLM_KEYS)
     model.save_pretrained(out, safe_serialization=True)
     tokens = []

@@ -92,10 +92,11 @@ def test_layout_is_llama_cpp_s(checkpoint: Path, tmp_path: Path) -> None:
     assert len(stored) == len(shapes)
 
 
-def test_rows_a_type_cannot_hold_fall_back_to_f16(checkpoint: Path, tmp_path: Path) -> None:
+def test_rows_a_type_cannot_hold_fall_back_to_smaller_blocks(checkpoint: Path,
+                                                             tmp_path: Path) -> None:
     cfg, _, stored, _ = _write(checkpoint, tmp_path / "tiny.gguf", "Q4_K")
     # attn_k_b rows are qk_nope_head_dim (64) long: no 256-value K-quant block fits
-    assert cfg["qk_nope_head_dim"] % 256 and stored["blk.0.attn_k_b.weight"] == T.F16
+    assert cfg["qk_nope_head_dim"] % 256 and stored["blk.0.attn_k_b.weight"] == T.Q8_0
     assert stored["blk.0.attn_q_a.weight"] == T.Q4_K  # hidden 256: one block per row
     assert stored["blk.1.ffn_gate_inp.weight"] == T.F32  # the router stays exact
 
