@@ -15,7 +15,6 @@ max_num_batched_tokens (chunked prefill).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,37 +22,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures import glm5_gguf, tiny_glm5_hf
+from fixtures import glm5_gguf, glm5_served, tiny_glm5_hf
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 CHILD = Path(__file__).resolve().parents[2] / "checks" / "backend" / "glm5_cpu_forward.py"
-NEW_TOKENS = 16
+NEW_TOKENS = glm5_served.NEW_TOKENS
 MAX_BATCHED = 32
-PROMPT_LENS = (10, 28, 44)  # < index_topk (16) < 28 < 44 > max_num_batched_tokens
-
-
-def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(1, 512, (n,), generator=g).tolist() for n in PROMPT_LENS]
+PROMPT_LENS = glm5_served.PROMPT_LENS  # < index_topk (16) < 28 < 44 > max_num_batched_tokens
+prompts = glm5_served.prompts
 
 
 def reference(cfg_dir: Path, weights: dict[str, torch.Tensor], work: Path) -> list[list[int]]:
     """transformers' greedy tokens with *weights* (HF names, the checkpoint's layout)."""
-    from safetensors.torch import save_file
-    from transformers import GlmMoeDsaForCausalLM
-
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copy(cfg_dir / "config.json", work / "config.json")
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(work / "model.safetensors"))
-    model = GlmMoeDsaForCausalLM.from_pretrained(work, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for prompt in prompts():
-            ids = torch.tensor([prompt])
-            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                 do_sample=False)
-            out.append(gen[0, len(prompt):].tolist())
-    return out
+    return glm5_served.greedy(glm5_served.hf_model(cfg_dir, weights, work), prompts())
 
 
 def vllm_tokens(gguf_path: Path, work: Path) -> tuple[list[list[int]], str]:
