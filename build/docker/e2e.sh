@@ -12,7 +12,10 @@
 #  8. the GGUF variant: build runtime-cpu-gguf, `--profile smoke-gguf up --wait`,
 #     probe, a greedy completion from Gemma 3 270M Q4_K_M, down; then a second
 #     cold start (a new container) must give the same text
-#  9. stop the engine if this script started it
+#  9. GLM-5's architecture: build runtime-cpu-glm5 (a tiny glm-dsa GGUF written at
+#     build time with its transformers reference), `--profile smoke-glm5 up --wait`,
+#     probe, and greedy ids for the reference prompts that equal the reference's
+# 10. stop the engine if this script started it
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +31,7 @@ service=smoke
 
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 compose() {
-    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port \
+    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port \
         "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
 }
 health() {
@@ -144,5 +147,13 @@ up smoke-gguf
 complete
 [[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
 log "same completion after a second cold start"
+down
+
+step "build runtime-cpu-glm5 (tiny GLM-5 GGUF on runtime-cpu)"
+DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-glm5 --quiet >/dev/null
+up smoke-glm5
+step "greedy ids from $model equal the reference written at build time"
+"$DOCKER" exec "$(compose ps -q smoke-glm5)" cat /opt/glm5/reference.json >"$ENGINE_DIR/glm5-reference.json"
+python3 checks/image/check_glm5_reference.py "http://127.0.0.1:$port" "$model" "$ENGINE_DIR/glm5-reference.json"
 down
 step "e2e passed"

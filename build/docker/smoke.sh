@@ -3,10 +3,11 @@
 # `smoke` service (embedded tiny model, 127.0.0.1 only), print its readiness
 # status and an example completion, and say how to stop it.
 # `smoke.sh smoke-gguf` (make smoke-gguf) does the same with the GGUF image:
-# Gemma 3 270M Q4_K_M through the patched plugin's CPU path.
+# Gemma 3 270M Q4_K_M through the patched plugin's CPU path; `smoke.sh smoke-glm5`
+# (make smoke-glm5) with a tiny GLM-5 GGUF (DSA sparse MLA on CPU).
 # Where no Docker engine can be reached or started, run the same entrypoint,
 # model and readiness file directly from the CPU test tier (.venv).
-#   SMOKE_PORT / SMOKE_GGUF_PORT   port on 127.0.0.1 (defaults: build/targets.toml)
+#   SMOKE_PORT / SMOKE_GGUF_PORT / SMOKE_GLM5_PORT   port on 127.0.0.1 (defaults: build/targets.toml)
 #   SMOKE_LOCAL=1  skip Docker and use the CPU test tier
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,12 +20,12 @@ target='' port='' port_env='' model='' prompt='' wait=''
 facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$service" 2>/dev/null) || facts=
 eval "$facts"
 if [[ -z ${model:-} ]]; then
-    echo "usage: $0 [smoke|smoke-gguf]  (a service of build/targets.toml with smoke settings)" >&2
+    echo "usage: $0 [smoke|smoke-gguf|smoke-glm5]  (a service of build/targets.toml with smoke settings)" >&2
     exit 2
 fi
 port=${!port_env:-$port}
 url=http://127.0.0.1:$port
-compose() { SMOKE_PORT=$port SMOKE_GGUF_PORT=$port "$DOCKER" compose --profile "$service" "$@"; }
+compose() { SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port "$DOCKER" compose --profile "$service" "$@"; }
 
 complete() {
     curl -sS --fail --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
@@ -69,12 +70,20 @@ with_venv() {
         exec .venv/bin/python checks/gguf_cpu/smoke_gguf.py
     fi
     log "no Docker engine could be reached or started: running the same entrypoint,"
-    log "tiny model and readiness file directly from the CPU test tier (.venv)"
+    log "model and readiness file directly from the CPU test tier (.venv)"
     make --no-print-directory venv >/dev/null
-    local dir=$REPO/.work/smoke
+    local dir=$REPO/.work/$service
     mkdir -p "$dir"
-    [[ -f $dir/model/config.json ]] || .venv/bin/python -m fixtures.tiny_model "$dir/model" >/dev/null
-    export SERVE_MODEL=$dir/model SERVE_SERVED_MODEL_NAME=$model SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
+    if [[ $service == smoke-glm5 ]]; then  # the runtime-cpu-glm5 image's model and settings
+        [[ -f $dir/model/reference.json ]] || .venv/bin/python -m fixtures.glm5_served "$dir/model" >/dev/null
+        export SERVE_MODEL=$dir/model/tiny-glm5.gguf SERVE_HF_CONFIG_PATH=$dir/model \
+            SERVE_TOKENIZER=$dir/model SERVE_QUANTIZATION=gguf SERVE_DTYPE=float32 \
+            SERVE_MAX_NUM_BATCHED_TOKENS=32
+    else
+        [[ -f $dir/model/config.json ]] || .venv/bin/python -m fixtures.tiny_model "$dir/model" >/dev/null
+        export SERVE_MODEL=$dir/model
+    fi
+    export SERVE_SERVED_MODEL_NAME=$model SERVE_HOST=127.0.0.1 SERVE_PORT=$port \
         SERVE_MAX_MODEL_LEN=512 SERVE_MAX_NUM_SEQS=4 SERVE_ENFORCE_EAGER=true SERVE_READY_FILE=$dir/run/ready \
         VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1
     nohup .venv/bin/python -m entrypoint serve >"$dir/serve.log" 2>&1 &

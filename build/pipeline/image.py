@@ -41,8 +41,8 @@ from .paths import REPO, work_dir
 from .trees import patched_trees
 
 # The target facts (pins, lock, family, tags, labels) are in build/targets.toml.
-CPU, CPU_GGUF, CUDA = "runtime-cpu", "runtime-cpu-gguf", "runtime"
-TARGETS = (CPU, CPU_GGUF, CUDA)
+CPU, CPU_GGUF, CPU_GLM5, CUDA = "runtime-cpu", "runtime-cpu-gguf", "runtime-cpu-glm5", "runtime"
+TARGETS = (CPU, CPU_GGUF, CPU_GLM5, CUDA)
 # The pinned Gemma 3 270M Q4_K_M GGUF parts (CPU test tier and the smoke-gguf image).
 GEMMA_PART_KEYS = tuple(f"gemma-gguf-part{i}" for i in range(1, 5))
 PINS_MOUNT = "/cache/pins"  # where the Dockerfile mounts `.work/context/pins`

@@ -137,7 +137,8 @@ def test_glm5_model_is_a_read_only_bind_with_a_configurable_path() -> None:
     assert gguf["source"].startswith("${GLM5_GGUF_DIR:-")
 
 
-@pytest.mark.parametrize(("service", "tag"), [("smoke", "cpu"), ("smoke-gguf", "cpu-gguf")])
+@pytest.mark.parametrize(("service", "tag"), [("smoke", "cpu"), ("smoke-gguf", "cpu-gguf"),
+                                            ("smoke-glm5", "cpu-glm5")])
 def test_smoke_services_are_cpu_loopback_and_profiled(service: str, tag: str) -> None:
     svc = _compose()["services"][service]
     assert svc["profiles"] == [service]
@@ -283,7 +284,7 @@ def test_every_bind_mounted_path_is_in_the_build_context() -> None:
 
 
 def test_fixtures_stay_out_of_the_runtime_package() -> None:
-    """The tiny model and the Gemma assembler are fixtures: no runtime wheel or
+    """The tiny model, the Gemma assembler and the GLM-5 writer are fixtures: no runtime wheel or
     image layer carries their code, only what the CPU images' stages made with them."""
     import tomllib
 
@@ -293,6 +294,6 @@ def test_fixtures_stay_out_of_the_runtime_package() -> None:
     assert not (REPO / "entrypoint" / "gguf_models.py").exists()
     stages = _stages()
     users = sorted(name for name, text in stages.items() if "fixtures" in text)
-    assert users == ["gguf-model", "tiny-model"], users
+    assert users == ["gguf-model", "glm5-model", "tiny-model"], users
     gemma = (REPO / "fixtures" / "gguf_models.py").read_text()
     assert not re.search(r"[0-9a-f]{64}", gemma), "the Gemma sha256 belongs in build/pins.toml"
