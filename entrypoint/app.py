@@ -1,4 +1,4 @@
-"""The typer application: render, serve, fetch-config, probe, status, check-gguf,
+"""The typer application: render, serve, fetch-config, probe, status, wait, check-gguf,
 reserved.
 
 Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
@@ -175,6 +175,28 @@ def status(ready_file: ReadyFile = None, env_file: EnvFiles = None) -> None:
     code, text = status_text(ready_file or settings.ready_file_from(_environment(env_file)))
     typer.echo(text)
     raise typer.Exit(code)
+
+
+@app.command("wait")
+def wait_ready(
+    ready_file: ReadyFile = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="give up after SECONDS (exit 124)")
+    ] = None,
+    env_file: EnvFiles = None,
+) -> None:
+    """Block until vLLM is ready (exit 0); exit 1 if it exits or turns unhealthy, 124 at --timeout.
+
+    Prints a line per phase change and loading step (a live line on a terminal).
+    """
+    import sys
+
+    from entrypoint.wait import wait
+
+    if timeout is not None and not 0 < timeout < 1e9:
+        fail(ConfigError([f"--timeout {timeout}: must be a positive number of seconds"]))
+    path = ready_file or settings.ready_file_from(_environment(env_file))
+    raise typer.Exit(wait(path, timeout, out=typer.echo, live=sys.stdout.isatty()))
 
 
 @app.command("check-gguf")

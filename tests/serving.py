@@ -226,6 +226,16 @@ def start_serve(folder: Path, **settings: str) -> Served:
     return Served(proc, port, folder, started)
 
 
+def start_wait(served: Served, timeout: float) -> subprocess.Popen[str]:
+    """`wait --timeout` on *served*'s readiness file, as a user would run it; returns at once."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "wait", "--ready-file", str(served.ready),
+         "--timeout", str(timeout)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH}, cwd=REPO,
+    )
+
+
 def run_entrypoint(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m entrypoint ARGS` from the repository, output captured."""
     return run_module("entrypoint", *args, timeout=timeout)

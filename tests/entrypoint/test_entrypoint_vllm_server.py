@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tests.serving import (
     run_entrypoint,
     session_pids,
     start_serve,
+    start_wait,
     status_json,
     stop,
     wait_for,
@@ -32,11 +34,15 @@ pytestmark = pytest.mark.vllm_server
 @pytest.fixture(scope="module")
 def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     served = start_serve(tmp_path_factory.mktemp("shared"), SERVE_MODEL=tiny_model)
+    waiting = start_wait(served, START_TIMEOUT)
     try:
         took = served.wait_ready(START_TIMEOUT)
         print(f"\nshared server ready after {took:.0f}s")
+        out, _ = waiting.communicate(timeout=10)
+        served.wait_output = (waiting.returncode, out)  # type: ignore[attr-defined]
         yield served
     finally:
+        waiting.kill()
         stop(served)
 
 
@@ -49,6 +55,16 @@ def test_ready_file_and_status(server: Served) -> None:
     assert status["url"] == f"http://127.0.0.1:{server.port}"
     probe = run_entrypoint("probe", "--ready-file", str(server.ready))
     assert probe.returncode == 0 and probe.stdout.startswith(f"ready: pid {server.proc.pid}")
+
+
+def test_wait_printed_the_phases_and_returned_0_at_ready(server: Served) -> None:
+    code, out = server.wait_output  # type: ignore[attr-defined]
+    lines = out.splitlines()
+    print("\n" + out)
+    assert code == 0, out
+    assert lines[-1].startswith("ready after ") and f"pid {server.proc.pid}" in lines[-1]
+    assert any("starting" in line or "validating" in line or "status file" in line
+               for line in lines[:-1]), out
 
 
 def test_completion_over_loopback(server: Served, tiny_model: str) -> None:
@@ -95,12 +111,19 @@ def test_sigkill_withdraws_readiness_within_2s(tiny_model: str, tmp_path: Path) 
 def test_missing_model_never_ready(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-model")
     served = start_serve(tmp_path / "missing", SERVE_MODEL=missing)
+    waiting = start_wait(served, START_TIMEOUT)
     try:
         wait_for(
             lambda: gone(served.proc.pid),  # not poll(): reaping would hide the code
             START_TIMEOUT,
             "vLLM gives up",
         )
+        exited = time.monotonic()
+        out, _ = waiting.communicate(timeout=30)
+        after = time.monotonic() - exited
+        print(f"\n{out}wait ended {after:.1f} s after vLLM")
+        assert waiting.returncode == 1 and after < 2.0, out
+        assert "not ready: vLLM exited with code" in out and "does not exist" in out
         wait_for(lambda: status_json(served).get("phase") == "exited", 10, "status exited")
         status = status_json(served)
         assert not served.ready.exists() and status["ever_ready"] is False
@@ -111,4 +134,5 @@ def test_missing_model_never_ready(tmp_path: Path) -> None:
         )
         assert "does not exist" in served.log.read_text()  # the warning serve printed
     finally:
+        waiting.kill()
         stop(served)
