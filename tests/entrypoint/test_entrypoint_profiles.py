@@ -29,6 +29,7 @@ def pairs(argv: list[str]) -> dict[str, str | None]:
     return out
 
 
+GLM5_SPEC = '{"method":"mtp","num_speculative_tokens":3}'
 GLM5_GGUF = "/models/GLM-5-GGUF/UD-Q4_K_XL/GLM-5-UD-Q4_K_XL-00001-of-00010.gguf"
 
 
@@ -46,6 +47,7 @@ def test_glm5(vllm_table) -> None:
         "--dtype": "float16",
         "--trust-remote-code": None,
         "--hf-overrides": '{"indexer_rope_interleave":true}',
+        "--speculative-config": GLM5_SPEC,
         "--disable-access-log-for-endpoints": "/health,/v1/models",
         "--shutdown-timeout": "30",
     }
