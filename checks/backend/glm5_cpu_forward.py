@@ -4,8 +4,14 @@ checkpoint through vLLM on CPU (TRITON_MLA_SPARSE, float32, enforce-eager).
     python checks/backend/glm5_cpu_forward.py MODEL_DIR REQUEST.json
 
 REQUEST.json: {"prompts": [[ids...], ...], "max_tokens": N, "max_num_batched_tokens": M,
-"llm": {more LLM(...) arguments, e.g. "quantization": "gguf", "hf_config_path": DIR}}.
-Prints one line "GLM5-CPU-REPORT {json}" with the tokens per prompt and the backend.
+"llm": {more LLM(...) arguments, e.g. "quantization": "gguf", "hf_config_path": DIR,
+"speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+"disable_log_stats": false}}.
+Prints one line "GLM5-CPU-REPORT {json}" with the tokens per prompt and the backend;
+with stats on (disable_log_stats false) also vLLM's speculative-decoding counters
+(`spec_decode`: num_drafts, num_draft_tokens, num_accepted_tokens, accepted per
+position), from LLM.get_metrics(); with a speculative config the draft's method and
+config (`draft`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,17 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def spec_decode_counters(llm) -> dict:  # type: ignore[no-untyped-def]
+    """vllm:spec_decode_* counters (totals; per position as a list)."""
+    out: dict = {}
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name == metric.name:
+            continue
+        out[name] = list(metric.values) if hasattr(metric, "values") else metric.value
+    return out
 
 
 def main() -> None:
@@ -55,6 +72,16 @@ def main() -> None:
         "load_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 2),
     }
+    if not req.get("llm", {}).get("disable_log_stats", True):
+        report["spec_decode"] = spec_decode_counters(llm)
+    if cfg.speculative_config is not None:
+        draft = cfg.speculative_config.draft_model_config.hf_config
+        report["draft"] = {
+            "method": cfg.speculative_config.method,
+            "num_speculative_tokens": cfg.speculative_config.num_speculative_tokens,
+            "architectures": list(draft.architectures or []),
+            "indexer_rope_interleave": getattr(draft, "indexer_rope_interleave", None),
+        }
     print("GLM5-CPU-REPORT " + json.dumps(report), flush=True)
 
 
