@@ -27,22 +27,17 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from entrypoint.envfile import read_env_file
-from fixtures import glm5_gguf, tiny_glm5_hf
+from fixtures import glm5_gguf, glm5_served, tiny_glm5_hf
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 CHILD = REPO / "checks" / "backend" / "glm5_cpu_forward.py"
-NEW_TOKENS = 16
+NEW_TOKENS = glm5_served.NEW_TOKENS
 MAX_BATCHED = 32
-PROMPT_LENS = (10, 28, 44)  # < index_topk (16) < 28 < 44 > max_num_batched_tokens
-
-
-def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(1, 512, (n,), generator=g).tolist() for n in PROMPT_LENS]
+PROMPT_LENS = glm5_served.PROMPT_LENS  # < index_topk (16) < 28 < 44 > max_num_batched_tokens
+prompts = glm5_served.prompts
 
 
 def profile(name: str) -> dict:
@@ -73,25 +68,6 @@ def run(gguf_path: Path, config_dir: Path, work: Path, name: str,
     report = json.loads(lines[-1].removeprefix("GLM5-CPU-REPORT "))
     report["log"] = done.stderr + done.stdout
     return report
-
-
-def expected_counters(tokens: list[list[int]], k: int) -> dict:
-    """vLLM's counters for echo drafts: after each verified step whose last token
-    is out[j], k drafts of out[j]; accepted while out[j+i] == out[j]."""
-    drafts = accepted = 0
-    per_pos = [0] * k
-    for out in tokens:
-        j = 0
-        while j < len(out) - 1:
-            drafts += 1
-            a = 0
-            while a < k and j + a + 1 < len(out) and out[j + a + 1] == out[j]:
-                per_pos[a] += 1
-                a += 1
-            accepted += a
-            j += a + 1
-    return {"num_drafts": drafts, "num_draft_tokens": drafts * k,
-            "num_accepted_tokens": accepted, "num_accepted_tokens_per_pos": per_pos}
 
 
 def test_profile_speculative_config_is_mtp() -> None:
@@ -131,4 +107,4 @@ def test_mtp_greedy_tokens_equal_plain_and_acceptance_is_as_predicted(tmp_path: 
         assert got == want, f"prompt of {n} tokens: with MTP {got} != without {want}"
     assert counters["num_draft_tokens"] > 0
     assert counters["num_accepted_tokens"] > 0
-    assert counters == expected_counters(plain["tokens"], k)
+    assert counters == glm5_served.echo_counters(plain["tokens"], k)

@@ -2,9 +2,12 @@
 
 One server for the module: `python -m entrypoint serve` with the GGUF preflight
 (check-gguf on the GLM-5 layout), the readiness file and vLLM's OpenAI server,
-float32, TRITON_MLA_SPARSE, a 32-token chunked-prefill budget. The folder and
-the reference come from fixtures/glm5_served.py: transformers'
-GlmMoeDsaForCausalLM on gguf-py's dequantization of the same file.
+float32, TRITON_MLA_SPARSE, a 32-token chunked-prefill budget, and
+profiles/glm5.env's MTP speculative config (method mtp, 3 tokens, the GGUF's own
+`nextn` block as drafter). The folder and the reference come from
+fixtures/glm5_served.py: transformers' GlmMoeDsaForCausalLM on gguf-py's
+dequantization of the same file; transformers has no MTP, so its ids are those
+of the model alone.
 
 - Greedy ids equal transformers' for prompts of 10, 28 and 44 tokens (index_topk
   16; 44 > the 32-token budget, so its prefill is chunked).
@@ -12,20 +15,27 @@ GlmMoeDsaForCausalLM on gguf-py's dequantization of the same file.
   They are the measure that carries over to GPUs: the CUDA indexer's fp8 may
   flip a top-k choice near the cut-off, which changes a token only when the
   logits are close.
+- With MTP the ids are still transformers'. The nextn block is the echo block
+  (fixtures/glm5_gguf.echo_mtp_block: its draft is the last token), so the
+  acceptance counters that /metrics reports are known from the ids alone.
 - The reference with the indexer bypassed (dense attention) gives other tokens,
   so the comparison tells sparse attention from dense.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from entrypoint.envfile import read_env_file
 from fixtures import glm5_served
-from tests.serving import Served, greedy, run_entrypoint, start_serve
+from tests.serving import REPO, Served, greedy, run_entrypoint, start_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 START_TIMEOUT = 600.0
@@ -38,14 +48,17 @@ LOGPROB_TOL = 2e-4  # measured worst: 2.3e-5
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("glm5-served")
-    glm5_served.build(out, types="mixed")
+    glm5_served.build(out, types="mixed", mtp=True)
     return out
+
+
+def profile_speculative_config() -> dict:
+    env = read_env_file(str(REPO / "profiles" / "glm5.env"))
+    return json.loads(env["SERVE_SPECULATIVE_CONFIG"])
 
 
 @pytest.fixture(scope="module")
 def ref(folder: Path) -> dict:
-    import json
-
     return json.loads((folder / glm5_served.REFERENCE).read_text())
 
 
@@ -64,6 +77,7 @@ def server(folder: Path, ref: dict, tmp_path_factory: pytest.TempPathFactory) ->
         SERVE_MAX_NUM_BATCHED_TOKENS=str(MAX_BATCHED),
         SERVE_MAX_NUM_SEQS="4",
         SERVE_SEED="0",
+        SERVE_SPECULATIVE_CONFIG=json.dumps(profile_speculative_config()),
     )
     try:
         served.wait_ready(START_TIMEOUT)
@@ -81,7 +95,29 @@ def test_ready_after_preflight_on_the_sparse_backend(server: Served) -> None:
     assert "Using TRITON_MLA_SPARSE backend" in log
 
 
-def test_greedy_ids_equal_transformers(server: Served, ref: dict) -> None:
+def spec_counters(served: Served) -> dict:
+    """vLLM's spec-decode counters from /metrics (Prometheus text)."""
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{served.port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found: dict = {"num_accepted_tokens_per_pos": {}}
+    for line in text.splitlines():
+        m = re.match(r'vllm:spec_decode_(\w+?)_total(\{[^}]*\})? ([0-9.e+]+)$', line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2) or "", int(float(m.group(3)))
+        if name == "num_accepted_tokens_per_pos":
+            pos = int(re.search(r'position="(\d+)"', labels).group(1))  # type: ignore[union-attr]
+            found[name][pos] = found[name].get(pos, 0) + value
+        else:
+            found[name] = found.get(name, 0) + value
+    per_pos = found["num_accepted_tokens_per_pos"]
+    found["num_accepted_tokens_per_pos"] = [per_pos[p] for p in sorted(per_pos)]
+    return found
+
+
+def test_greedy_ids_equal_transformers_with_mtp(server: Served, ref: dict) -> None:
+    before = spec_counters(server)
     for prompt, want in zip(ref["prompts"], ref["tokens"], strict=True):
         t0 = time.perf_counter()
         reply = greedy(server, prompt, ref["new_tokens"])
@@ -90,6 +126,15 @@ def test_greedy_ids_equal_transformers(server: Served, ref: dict) -> None:
         print(f"\n{len(prompt)}-token prompt: {len(got)} tokens in {took:.2f}s "
               f"({len(got) / took:.1f} tok/s)\n  vLLM {got}\n  ref  {want}")
         assert got == want, f"prompt of {len(prompt)} tokens"
+    after = spec_counters(server)
+    k = profile_speculative_config()["num_speculative_tokens"]
+    seen = {key: (after[key] - before.get(key, 0)) if key != "num_accepted_tokens_per_pos"
+            else [a - b for a, b in zip(after[key], before[key] or [0] * k, strict=True)]
+            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                        "num_accepted_tokens_per_pos")}
+    print(f"/metrics spec decode (k={k}): {seen}")
+    assert seen["num_draft_tokens"] > 0 and seen["num_accepted_tokens"] > 0
+    assert seen == glm5_served.echo_counters(ref["tokens"], k)
 
 
 def test_the_reference_tells_sparse_from_dense(ref: dict) -> None:
