@@ -10,7 +10,8 @@ REQUEST.json: {"prompts": [[ids...], ...], "max_tokens": N, "runs": [{"name": NA
 arguments}}. Prints one line "DFLASH-CPU-REPORT {json}" per run: its name, the tokens
 per prompt, the spec-decode counters of LLM.get_metrics()
 (spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
-_num_accepted_tokens_per_pos) and timings.
+_num_accepted_tokens_per_pos), the drafts the drafter proposed at every step
+(recorded around the model runner's propose_draft_token_ids) and timings.
 """
 
 from __future__ import annotations
@@ -38,8 +39,33 @@ def _spec_counters(metrics) -> dict:
     return out
 
 
+def _record_drafts() -> dict[str, list[list[int]]]:
+    """Wrap the model runner's propose_draft_token_ids: every step's drafts by request
+    id (this process runs the engine, VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    drafts: dict[str, list[list[int]]] = {}
+    inner = GPUModelRunner.propose_draft_token_ids
+    if hasattr(inner, "recorded"):
+        inner = inner.inner
+
+    def propose(self, *args, **kwargs):
+        out = inner(self, *args, **kwargs)
+        rows = out.tolist() if hasattr(out, "tolist") else out
+        for req_id, row in zip(self.input_batch.req_ids, rows, strict=False):
+            drafts.setdefault(req_id, []).append(list(row))
+        return out
+
+    propose.recorded = True  # type: ignore[attr-defined]
+    propose.inner = inner  # type: ignore[attr-defined]
+    GPUModelRunner.propose_draft_token_ids = propose  # type: ignore[method-assign]
+    return drafts
+
+
 def run_one(model: str, req: dict, spec: dict | None) -> dict:
     from vllm import LLM, SamplingParams
+
+    drafts = _record_drafts() if spec else {}
 
     t0 = time.perf_counter()
     llm = LLM(
@@ -70,6 +96,10 @@ def run_one(model: str, req: dict, spec: dict | None) -> dict:
         "method": sc.method if sc else None,
         "num_speculative_tokens": sc.num_speculative_tokens if sc else 0,
         "draft_architectures": list(sc.draft_model_config.architectures) if sc else [],
+        # each prompt's drafts, one list of num_speculative_tokens ids per step
+        # (the engine's request id is the output's plus a "-suffix")
+        "drafts": [next((d for r, d in drafts.items() if r.rsplit("-", 1)[0] == o.request_id),
+                        []) for o in outs],
         "load_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 2),
     }
