@@ -329,13 +329,17 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "h16n32w4s3": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
         "h16n16w4s4_nopdl": (cfg(16, 16, 4, 4), few),
         "h16n32w4s3_nopdl": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h16n16w4s4r168p3": (cfg(16, 16, 4, 4, per_sm=3, max_regs=168, pdl=True), few),
         "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
-        "h32n64w8s3_pdl": (cfg(32, 64, 8, 3, per_sm=1, pdl=True), lambda h: h == 32),
-        "h32n32w8s3": (cfg(32, 32, 8, 3, per_sm=1), mid),
+        "h32n64w8s3_pdl": (cfg(32, 64, 8, 3, per_sm=1, pdl=True), mid),
         "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
         "h16n64w8s2": (cfg(16, 64, 8, 2), many),
-        "h16n64w8s2_pdl": (cfg(16, 64, 8, 2, pdl=True), many),
+        # KV-major kernel (rows as the MMA's M, heads as N; wgmma where M >= 64).
+        "km_h16n32w4s3": (cfg(16, 32, 4, 3, pdl=True, kv_major=True), few),
+        "km_h16n64w8s2": (cfg(16, 64, 8, 2, per_sm=1, kv_major=True), few),
+        "km_h32n32w4s3": (cfg(32, 32, 4, 3, kv_major=True), lambda h: h >= 32),
+        "km_h32n64w8s2": (cfg(32, 64, 8, 2, per_sm=1, kv_major=True), lambda h: h >= 32),
+        "km_h64n64w8s2": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False, kv_major=True), many),
+        "km_h64n64w8s2a": (cfg(64, 64, 8, 2, per_sm=1, kv_major=True), many),
     }
 
 

@@ -53,6 +53,8 @@ class SparseMLAConfig:
     # programs start (and wait) while the splits run. Only where the split grid
     # surely fits one wave, or waiting merge programs take the splits' slots.
     pdl: bool = False
+    # Use _sparse_mla_split_kernel_kvmajor (gathered rows as the MMA's M, heads as N).
+    kv_major: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -216,6 +218,119 @@ def _sparse_mla_split_kernel(
         # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
         row = (t * H + offs_h) * NUM_SPLITS + sp
         tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], out, mask=mask_h[:, None])
+        tl.store(plse_ptr + row, lse2, mask=mask_h)
+
+
+# KV-major form of the split kernel: sT = kv . qT and oT += kvT . pT, so the
+# gathered rows are the MMA's M (64 a warpgroup: wgmma on SM90) and the heads
+# its N. q and p are B operands read from shared memory by the tensor cores;
+# the mma.sync form above has every warp re-read its q fragments per tile.
+@triton.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
+def _sparse_mla_split_kernel_kvmajor(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    o_ptr,
+    lse_ptr,
+    po_ptr,
+    plse_ptr,
+    qk_scale,
+    v_scale,
+    H,
+    TOPK,
+    SPLIT_LEN,
+    NUM_SPLITS,
+    NUM_HBLK,
+    PAGE,
+    stride_qt,
+    stride_qh,
+    stride_kvb,
+    stride_kvs,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    stride_lh,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DV: tl.constexpr,
+    DR: tl.constexpr,
+    DIRECT: tl.constexpr,
+    IDX_AHEAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    if USE_PDL:
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    hb = pid % NUM_HBLK
+    rest = pid // NUM_HBLK
+    sp = rest % NUM_SPLITS
+    t = (rest // NUM_SPLITS).to(tl.int64)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    offs_c = tl.arange(0, DV)
+    offs_r = tl.arange(0, DR)
+    # q loaded transposed ([576, BLOCK_H]): the B operand of kv . qT.
+    q_cols = q_ptr + t * stride_qt + offs_h[None, :] * stride_qh
+    q_cT = tl.load(q_cols + offs_c[:, None], mask=mask_h[None, :], other=0.0)
+    q_peT = tl.load(q_cols + DV + offs_r[:, None], mask=mask_h[None, :], other=0.0)
+    if DOT_F32:
+        q_cT = q_cT.to(tl.float32)
+        q_peT = q_peT.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([DV, BLOCK_H], dtype=tl.float32)  # oT
+
+    start = sp * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, TOPK)
+    idx_row = idx_ptr + t * stride_it
+    if IDX_AHEAD:
+        offs_n = start + tl.arange(0, BLOCK_N)
+        slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+    else:
+        slot_next = tl.full([BLOCK_N], -1, dtype=tl.int32)
+    for n0 in range(start, end, BLOCK_N):
+        if IDX_AHEAD:
+            slot = slot_next
+            offs_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+            slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        else:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            slot = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
+        valid = slot >= 0
+        slot = tl.where(valid, slot, 0).to(tl.int64)
+        blk = slot // PAGE
+        rows = kv_ptr + blk * stride_kvb + (slot - blk * PAGE) * stride_kvs
+        kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
+        kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
+        kv = kv.to(q_cT.dtype)
+        s = tl.dot(kv, q_cT)
+        s = tl.dot(kpe.to(q_cT.dtype), q_peT, s)
+        s = tl.where(valid[:, None], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha[None, :]
+        acc = tl.dot(tl.trans(kv), p.to(kv.dtype), acc)
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc * (v_scale / tl.where(has, l_i, 1.0))[None, :]
+    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    if DIRECT:
+        o_ptrs = o_ptr + t * stride_ot + offs_h[None, :] * stride_oh + offs_c[:, None]
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[None, :])
+        tl.store(
+            lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=mask_h
+        )
+    else:
+        row = (t * H + offs_h) * NUM_SPLITS + sp
+        tl.store(po_ptr + row[None, :] * DV + offs_c[:, None], out, mask=mask_h[None, :])
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
 
@@ -479,7 +594,8 @@ def _launch(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
-    build = _sparse_mla_split_kernel[grid](
+    kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
+    build = kernel[grid](
         q, kv_cache, indices, out, lse, po, plse,
         qk_scale, kv_scale,
         num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
