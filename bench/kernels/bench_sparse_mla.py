@@ -333,13 +333,11 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "h32n64w8s3_pdl": (cfg(32, 64, 8, 3, per_sm=1, pdl=True), mid),
         "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
         "h16n64w8s2": (cfg(16, 64, 8, 2), many),
-        # KV-major kernel (rows as the MMA's M, heads as N; wgmma where M >= 64).
-        "km_h16n32w4s3": (cfg(16, 32, 4, 3, pdl=True, kv_major=True), few),
-        "km_h16n64w8s2": (cfg(16, 64, 8, 2, per_sm=1, kv_major=True), few),
-        "km_h32n32w4s3": (cfg(32, 32, 4, 3, kv_major=True), lambda h: h >= 32),
-        "km_h32n64w8s2": (cfg(32, 64, 8, 2, per_sm=1, kv_major=True), lambda h: h >= 32),
-        "km_h64n64w8s2": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False, kv_major=True), many),
-        "km_h64n64w8s2a": (cfg(64, 64, 8, 2, per_sm=1, kv_major=True), many),
+        # Gluon SM90 kernel (KV-major on wgmma, explicit cp.async pipeline).
+        "g_h16w8b2": (cfg(16, 64, 8, 2, per_sm=1, gluon=True), few),
+        "g_h16w4b2": (cfg(16, 64, 4, 2, per_sm=1, gluon=True), few),
+        "g_h32w8b2": (cfg(32, 64, 8, 2, per_sm=1, gluon=True), lambda h: h >= 16),
+        "g_h64w8b2": (cfg(64, 64, 8, 2, per_sm=1, gluon=True), lambda h: h >= 32),
     }
 
 

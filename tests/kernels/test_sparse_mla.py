@@ -209,3 +209,28 @@ def test_forced_configs(cfg: object, num_splits: int) -> None:
     q, kv, idx = make_inputs(2, 20, 192, num_blocks=8)
     idx[1, 64:100] = -1
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+
+
+GLUON_CFGS = [
+    mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True),
+    mod.SparseMLAConfig(16, 64, 4, 2, per_sm=1, gluon=True),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True),
+    mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GLUON_CFGS, ids=repr)
+@pytest.mark.parametrize(
+    "t,h,topk,num_splits", [(2, 20, 200, 1), (2, 20, 448, 3), (3, 64, 2048, 4)]
+)
+def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> None:
+    # Head blocks that overhang H, a ragged last tile, holes, an empty tail, page size 64.
+    q, kv, idx = make_inputs(t, h, topk, num_blocks=max(8, 2 * topk // 64))
+    idx[1, 64:100] = -1
+    idx[0, topk // 2 :] = -1
+    if torch.cuda.get_device_capability()[0] != 9:  # SM90 only: refused elsewhere
+        with pytest.raises(ValueError, match="SM90"):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
+        return
+    run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)

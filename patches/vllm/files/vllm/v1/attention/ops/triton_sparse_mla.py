@@ -31,6 +31,22 @@ except ImportError:  # pragma: no cover - older Triton
     gdc_launch_dependents = gdc_wait = None
     _HAS_GDC = False
 
+try:  # Gluon (explicit shared memory, cp.async and wgmma): the SM90 kernel below
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as gl_cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared as gl_fence_async_shared,
+    )
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma as gl_wgmma
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        warpgroup_mma_wait as gl_wgmma_wait,
+    )
+
+    _HAS_GLUON = True
+except ImportError:  # pragma: no cover - Triton without Gluon
+    _HAS_GLUON = False
+
 D_LATENT = 512  # V width and the no-rope part of K
 D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
@@ -55,6 +71,9 @@ class SparseMLAConfig:
     pdl: bool = False
     # Use _sparse_mla_split_kernel_kvmajor (gathered rows as the MMA's M, heads as N).
     kv_major: bool = False
+    # Use the Gluon SM90 kernel (KV-major, pipeline written out): num_stages is its
+    # number of KV buffers, block_n must be 64 (wgmma's M), num_warps 4 or 8.
+    gluon: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -334,6 +353,216 @@ def _sparse_mla_split_kernel_kvmajor(
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
 
+if _HAS_GLUON:
+
+    @gluon.jit
+    def _sm90_issue_tile(
+        kv_buf,
+        kpe_buf,
+        kv_ptr,
+        slot_g,
+        slot_r,
+        PAGE,
+        stride_kvb,
+        stride_kvs,
+        cols_g,
+        cols_r,
+        DV: gl.constexpr,
+    ):
+        """cp.async one tile of gathered rows (latent and rope parts) into shared memory.
+
+        Slots < 0 copy nothing (the rows are zero-filled)."""
+        valid_g = slot_g >= 0
+        sg = gl.where(valid_g, slot_g, 0).to(gl.int64)
+        bg = sg // PAGE
+        rows_g = kv_ptr + bg * stride_kvb + (sg - bg * PAGE) * stride_kvs
+        gl_cp.async_copy_global_to_shared(
+            kv_buf, rows_g[:, None] + cols_g[None, :], mask=valid_g[:, None]
+        )
+        valid_r = slot_r >= 0
+        sr = gl.where(valid_r, slot_r, 0).to(gl.int64)
+        br = sr // PAGE
+        rows_r = kv_ptr + br * stride_kvb + (sr - br * PAGE) * stride_kvs + DV
+        gl_cp.async_copy_global_to_shared(
+            kpe_buf, rows_r[:, None] + cols_r[None, :], mask=valid_r[:, None]
+        )
+        gl_cp.commit_group()
+
+    # SM90 split kernel in Gluon, KV-major like _sparse_mla_split_kernel_kvmajor
+    # (sT = kv . qT and oT += kvT . pT on wgmma, 64 gathered rows as M), but with
+    # the pipeline written out: the gather of tile i + NBUF - 1 is issued before
+    # tile i's MMAs and its slots were read one tile earlier, so neither the slot
+    # load nor the gather waits on the MMAs. Triton's own pipeliner (kvmajor
+    # kernel) issues the next gather after the MMAs and reads its slots right
+    # before it. Two warpgroups split the heads of sT and the 512 rows of oT.
+    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
+    def _sparse_mla_split_kernel_sm90(
+        q_ptr,
+        kv_ptr,
+        idx_ptr,
+        o_ptr,
+        lse_ptr,
+        po_ptr,
+        plse_ptr,
+        qk_scale,
+        v_scale,
+        H,
+        TOPK,
+        SPLIT_LEN,
+        NUM_SPLITS,
+        NUM_HBLK,
+        PAGE,
+        stride_qt,
+        stride_qh,
+        stride_kvb,
+        stride_kvs,
+        stride_it,
+        stride_ot,
+        stride_oh,
+        stride_lt,
+        stride_lh,
+        BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        DV: gl.constexpr,
+        DR: gl.constexpr,
+        DIRECT: gl.constexpr,
+        NBUF: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        P_SWIZZLE: gl.constexpr,
+    ):
+        WG: gl.constexpr = NUM_WARPS // 4
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_H // WG, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
+        )
+        # Gathers: 8 bf16 (16 bytes, one cp.async) a thread, a warp per row.
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+        sl128: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        p_sl: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=P_SWIZZLE, element_bitwidth=16, rank=2
+        )
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+        pid = gl.program_id(0)
+        hb = pid % NUM_HBLK
+        rest = pid // NUM_HBLK
+        sp = rest % NUM_SPLITS
+        t = (rest // NUM_SPLITS).to(gl.int64)
+
+        # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
+        offs_hg = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, g_layout))
+        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
+        q_rows = q_ptr + t * stride_qt + offs_hg[:, None] * stride_qh
+        q_c = gl.load(q_rows + cols_g[None, :], mask=(offs_hg < H)[:, None], other=0.0)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], sl128, q_c)
+        offs_hr = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, r_layout))
+        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
+        q_pe = gl.load(
+            q_ptr + t * stride_qt + offs_hr[:, None] * stride_qh + DV + cols_r[None, :],
+            mask=(offs_hr < H)[:, None],
+            other=0.0,
+        )
+        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DR], sl128, q_pe)
+        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl128)
+        kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl128)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
+
+        start = sp * SPLIT_LEN
+        end = gl.minimum(start + SPLIT_LEN, TOPK)
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        idx_row = idx_ptr + t * stride_it
+        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+
+        for j in gl.static_range(NBUF - 1):
+            n0 = start + j * BLOCK_N
+            sg = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
+            sr = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
+            _sm90_issue_tile(
+                kv_smem.index(j), kpe_smem.index(j), kv_ptr, sg, sr,
+                PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
+            )  # fmt: skip
+        n0 = start + (NBUF - 1) * BLOCK_N
+        sg_next = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
+        sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
+        ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
+
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
+        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        for i in range(0, n_tiles):
+            # Every warp is past tile i-1's MMAs: its buffer may be refilled.
+            gl.thread_barrier()
+            nb = (i + NBUF - 1) % NBUF
+            _sm90_issue_tile(
+                kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
+                PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
+            )  # fmt: skip
+            # Slots for the next issue and the next tile's mask: used one iteration on.
+            n0 = start + (i + NBUF) * BLOCK_N
+            sg_next = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
+            sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
+            n1 = start + (i + 1) * BLOCK_N
+            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
+
+            gl_cp.wait_group(NBUF - 1)  # this thread's copies of tile i have landed
+            gl_fence_async_shared()  # cp.async writes -> wgmma (async proxy) reads
+            gl.thread_barrier()  # ... and every other thread's
+            buf = i % NBUF
+            kv_i = kv_smem.index(buf)
+            s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
+            s = gl_wgmma_wait(0, deps=[s_tok])
+            s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            # Row sums stay per row until the end: no cross-warp reduction per tile.
+            l_part = l_part * alpha[None, :] + p
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
+            acc = acc * alpha_o[None, :]
+            p_smem.store(p.to(dtype))
+            gl_fence_async_shared()
+            gl.thread_barrier()
+            o_tok = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            m_i = m_new
+            ss_cur = ss_next
+        gl_cp.wait_group(0)
+
+        l_i = gl.sum(l_part, 0)
+        has = l_i > 0.0
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, o_layout))
+        out = gl.convert_layout(acc * inv[None, :], st_layout)
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+        offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+        mask_hs = (offs_hs < H)[None, :]
+        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_layout))
+        if DIRECT:
+            o_ptrs = o_ptr + t * stride_ot + offs_hs[None, :] * stride_oh + offs_cs[:, None]
+            gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
+            gl.store(
+                lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                lse2 * 0.6931471805599453,
+                mask=offs_hl < H,
+            )
+        else:
+            row = (t * H + offs_hs) * NUM_SPLITS + sp
+            gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], out, mask=mask_hs)
+            row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+            gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+
+
 @triton.jit
 def _sparse_mla_merge_kernel(
     po_ptr,
@@ -594,22 +823,42 @@ def _launch(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
-    kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
-    build = kernel[grid](
-        q, kv_cache, indices, out, lse, po, plse,
-        qk_scale, kv_scale,
-        num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
-        q.stride(0), q.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1),
-        indices.stride(0),
-        out.stride(0), out.stride(1),
-        lse.stride(0), lse.stride(1),
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
-        IDX_AHEAD=cfg.idx_ahead,
-        USE_PDL=pdl,
-        DOT_F32=interpret,
-        **cfg.launch_options(),
-    )  # fmt: skip
+    if cfg.gluon:
+        if not (_HAS_GLUON and info.major == 9) or interpret:
+            raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
+        if kv_cache.dtype != q.dtype:
+            raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
+        pdl = False
+        build = _sparse_mla_split_kernel_sm90[grid](
+            q, kv_cache, indices, out, lse, po, plse,
+            qk_scale, kv_scale,
+            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
+            q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1),
+            indices.stride(0),
+            out.stride(0), out.stride(1),
+            lse.stride(0), lse.stride(1),
+            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
+            NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps, P_SWIZZLE=min(128, 2 * cfg.block_h),
+            num_warps=cfg.num_warps,
+        )  # fmt: skip
+    else:
+        kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
+        build = kernel[grid](
+            q, kv_cache, indices, out, lse, po, plse,
+            qk_scale, kv_scale,
+            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
+            q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1),
+            indices.stride(0),
+            out.stride(0), out.stride(1),
+            lse.stride(0), lse.stride(1),
+            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
+            IDX_AHEAD=cfg.idx_ahead,
+            USE_PDL=pdl,
+            DOT_F32=interpret,
+            **cfg.launch_options(),
+        )  # fmt: skip
     if not direct:
         block_s = triton.next_power_of_2(num_splits)
         block_d = min(D_LATENT, max(32, 8192 // block_s))
