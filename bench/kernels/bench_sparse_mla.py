@@ -324,20 +324,18 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     few = lambda h: h <= 16  # noqa: E731
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
-    # The runner-up of each cell in the sweeps of docs/sparse-mla-kernel-notes.md.
+    # The launch-time choice before the Gluon kernel (2026-12-01), and the runner-ups.
     return {
-        "h16n32w4s3": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
-        "h16n16w4s4_nopdl": (cfg(16, 16, 4, 4), few),
-        "h16n32w4s3_nopdl": (cfg(16, 32, 4, 3), lambda h: h <= 32),
-        "h32n64w8s3": (cfg(32, 64, 8, 3, per_sm=1), lambda h: h >= 32),
-        "h32n64w8s3_pdl": (cfg(32, 64, 8, 3, per_sm=1, pdl=True), mid),
-        "h64n32w8s3": (cfg(64, 32, 8, 3, per_sm=1), many),
-        "h16n64w8s2": (cfg(16, 64, 8, 2), many),
-        # Gluon SM90 kernel (KV-major on wgmma, explicit cp.async pipeline).
-        "g_h16w8b2": (cfg(16, 64, 8, 2, per_sm=1, gluon=True), few),
-        "g_h16w4b2": (cfg(16, 64, 4, 2, per_sm=1, gluon=True), few),
-        "g_h32w8b2": (cfg(32, 64, 8, 2, per_sm=1, gluon=True), lambda h: h >= 16),
-        "g_h64w8b2": (cfg(64, 64, 8, 2, per_sm=1, gluon=True), lambda h: h >= 32),
+        "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
+        "t_h16n16": (cfg(16, 16, 4, 4, pdl=True), few),
+        "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
+        "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
+        "t_h16n64": (cfg(16, 64, 8, 2), many),
+        # Gluon SM90 kernel without the programmatic dependent launch of the merge.
+        "g_h16_nopdl": (cfg(16, 64, 8, 2, per_sm=1, gluon=True), few),
+        "g_h32_nopdl": (cfg(32, 64, 8, 2, per_sm=1, gluon=True), mid),
+        "g_h32": (cfg(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True), many),
+        "g_h64_nopdl": (cfg(64, 64, 8, 2, per_sm=1, gluon=True), many),
     }
 
 

@@ -3,7 +3,7 @@
   ncu --clock-control none -k regex:_sparse_mla_split -c 1 -s 2 \\
       python3 bench/kernels/profile_sparse_mla.py --heads 32 --tokens 128 --config 32,64,8,3,1
 
---config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm]; without it
+--config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm[,gluon]]; without it
 the launch-time choice runs. Three launches: two warm-ups, then the profiled one.
 """
 
@@ -31,7 +31,12 @@ def main() -> int:
     cfg = None
     if args.config:
         f = [int(x) for x in args.config.split(",")]
-        cfg = mod.SparseMLAConfig(*f[:4], idx_ahead=f[4], per_sm=f[5] if len(f) > 5 else 2)
+        cfg = mod.SparseMLAConfig(
+            *f[:4],
+            idx_ahead=bool(f[4]),
+            per_sm=f[5] if len(f) > 5 else 2,
+            gluon=bool(f[6]) if len(f) > 6 else False,
+        )
     kv = torch.randn(args.slots, 1, 576, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(args.tokens, args.heads, 576, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):  # fresh slots each launch: no L2 reuse between them

@@ -234,3 +234,20 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
             mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
         return
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("t,h", [(8, 8), (16, 16), (128, 32), (16, 64), (1024, 128), (1, 128)])
+def test_sm90_picks_gluon(t: int, h: int) -> None:
+    # On SM90 the Gluon kernel is the first choice from 8 tokens (and for a lone
+    # token of many heads), with Triton configs behind it as fallbacks.
+    info = mod.DeviceInfo(num_sms=132, smem_bytes=232448, major=9)
+    cfgs = mod.candidate_configs(t, h, info)
+    assert cfgs[0].gluon == mod._HAS_GLUON
+    assert any(not c.gluon for c in cfgs)
+    assert all(c.smem_estimate() <= info.smem_bytes for c in cfgs)
+    if cfgs[0].gluon:
+        assert cfgs[0].block_h >= min(h, 64) or t < 8
+    # Not on other parts, nor for fp8 KV.
+    assert not any(c.gluon for c in mod.candidate_configs(t, h, info, kv_bytes=1))
+    sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
+    assert not any(c.gluon for c in mod.candidate_configs(t, h, sm120))

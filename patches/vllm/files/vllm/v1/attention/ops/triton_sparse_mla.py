@@ -88,6 +88,9 @@ class SparseMLAConfig:
         buffered; q and p go through shared memory on the way to the MMA.
         """
         kv_tile = self.block_n * D_QK * kv_bytes
+        if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
+            p_tile = self.block_n * self.block_h * 2
+            return self.num_stages * kv_tile + self.block_h * D_QK * 2 + p_tile + 1024
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
         q_tile = self.block_h * D_QK * 2
@@ -109,6 +112,10 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "h32_n64": SparseMLAConfig(32, 64, 8, 3, per_sm=1),
     # Many heads: one gathered tile feeds 64 heads (221 KiB, one program per SM).
     "h64_n64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
+    # SM90 (Gluon, wgmma): two 64-row buffers, one program per SM.
+    "g_h16": SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
+    "g_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
+    "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
@@ -429,14 +436,24 @@ if _HAS_GLUON:
         NBUF: gl.constexpr,
         NUM_WARPS: gl.constexpr,
         P_SWIZZLE: gl.constexpr,
+        USE_PDL: gl.constexpr,
     ):
+        if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0",
+                "=r",
+                [],
+                dtype=gl.int32,
+                is_pure=False,
+                pack=1,
+            )
         WG: gl.constexpr = NUM_WARPS // 4
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_H // WG, 16]
         )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
-        )
+        # oT in the same layout as sT: each warpgroup computes all 512 rows of oT for
+        # its own heads, so p, alpha and the output scale never cross warpgroups.
+        o_layout: gl.constexpr = s_layout
         # Gathers: 8 bf16 (16 bytes, one cp.async) a thread, a warp per row.
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -645,7 +662,18 @@ def candidate_configs(
     alone = num_tokens * triton.cdiv(num_heads, 16) == 1
     if info.smem_bytes >= 2 * SMALL_SMEM_BYTES:
         table = _CONFIGS_BIG
-        if alone:
+        # SM90 from 8 tokens: the Gluon kernel (the Triton configs stay as fallbacks).
+        sm90 = _HAS_GLUON and info.major == 9 and kv_bytes == 2
+        gluon_ok = sm90 and num_tokens >= 8
+        if sm90 and num_tokens < 8 and num_heads > 64:  # 32-head blocks beat h16_n64 here
+            order = ["g_h32", "h16_n64", "h16_n32"]
+        elif gluon_ok and num_heads <= 16:
+            order = ["g_h16", "h16_n32"]
+        elif gluon_ok and num_heads <= 32:
+            order = ["g_h32", "h32_n64", "h16_n32"]
+        elif gluon_ok:
+            order = ["g_h64", "h64_n64", "h16_n32"]
+        elif alone:
             order = ["h16_n16", "h16_n32"]
         elif num_heads >= 64 and num_tokens >= 16:
             order = ["h64_n64", "h16_n32"]
@@ -828,7 +856,6 @@ def _launch(
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        pdl = False
         build = _sparse_mla_split_kernel_sm90[grid](
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
@@ -840,7 +867,7 @@ def _launch(
             lse.stride(0), lse.stride(1),
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
             NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps, P_SWIZZLE=min(128, 2 * cfg.block_h),
-            num_warps=cfg.num_warps,
+            USE_PDL=pdl, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
