@@ -324,6 +324,10 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     few = lambda h: h <= 16  # noqa: E731
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
+
+    def g(block_h: int, warps: int, **kw: bool) -> object:
+        return cfg(block_h, 64, warps, 2, per_sm=1, pdl=True, gluon=True, **kw)
+
     # The launch-time choice before the Gluon kernel (2026-12-01), and the runner-ups.
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
@@ -331,11 +335,19 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),
-        # Gluon SM90 kernel without the programmatic dependent launch of the merge.
-        "g_h16_nopdl": (cfg(16, 64, 8, 2, per_sm=1, gluon=True), few),
-        "g_h32_nopdl": (cfg(32, 64, 8, 2, per_sm=1, gluon=True), mid),
-        "g_h32": (cfg(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True), many),
-        "g_h64_nopdl": (cfg(64, 64, 8, 2, per_sm=1, gluon=True), many),
+        # Gluon SM90 kernel: sT computed by both warpgroups (dup), the next gather
+        # issued after q.kT (late), 16 warps.
+        "g_h16_dup": (g(16, 8, dup_s=True), few),
+        "g_h16_late": (g(16, 8, late_issue=True), few),
+        "g_h16_dup_late": (g(16, 8, dup_s=True, late_issue=True), few),
+        "g_h32_dup": (g(32, 8, dup_s=True), mid),
+        "g_h32_late": (g(32, 8, late_issue=True), mid),
+        "g_h32_w16": (g(32, 16), mid),
+        "g_h32_w16_dup": (g(32, 16, dup_s=True), mid),
+        "g_h32": (g(32, 8), many),
+        "g_h64_late": (g(64, 8, late_issue=True), many),
+        "g_h64_dup": (g(64, 8, dup_s=True), many),
+        "g_h64_w16": (g(64, 16), many),
     }
 
 

@@ -74,6 +74,8 @@ class SparseMLAConfig:
     # Use the Gluon SM90 kernel (KV-major, pipeline written out): num_stages is its
     # number of KV buffers, block_n must be 64 (wgmma's M), num_warps 4 or 8.
     gluon: bool = False
+    dup_s: bool = False  # Gluon: every warpgroup computes all of sT (see the kernel)
+    late_issue: bool = False  # Gluon: issue the next gather after this tile's q.kT
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -437,6 +439,8 @@ if _HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         P_SWIZZLE: gl.constexpr,
         USE_PDL: gl.constexpr,
+        DUP_S: gl.constexpr,
+        LATE_ISSUE: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -448,12 +452,19 @@ if _HAS_GLUON:
                 pack=1,
             )
         WG: gl.constexpr = NUM_WARPS // 4
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_H // WG, 16]
+        # oT: the warpgroups split its 512 rows, each with every head as N (one read
+        # of kvT per tile). sT: the warpgroups split the heads (DUP_S False), or each
+        # computes all of sT (DUP_S: twice the q.kT work, but alpha is then already
+        # in oT's layout and needs no exchange through shared memory).
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
         )
-        # oT in the same layout as sT: each warpgroup computes all 512 rows of oT for
-        # its own heads, so p, alpha and the output scale never cross warpgroups.
-        o_layout: gl.constexpr = s_layout
+        if DUP_S:
+            s_layout: gl.constexpr = o_layout
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_H // WG, 16]
+            )
         # Gathers: 8 bf16 (16 bytes, one cp.async) a thread, a warp per row.
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -512,39 +523,55 @@ if _HAS_GLUON:
         ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
-        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        # Row sums per row until the end (no cross-warp reduction per tile), except
+        # at 64 heads, where those registers are missing.
+        LATE_SUM: gl.constexpr = BLOCK_H < 64
+        if LATE_SUM:
+            l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        else:
+            l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, s_layout))
         acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
         for i in range(0, n_tiles):
-            # Every warp is past tile i-1's MMAs: its buffer may be refilled.
-            gl.thread_barrier()
-            nb = (i + NBUF - 1) % NBUF
-            _sm90_issue_tile(
-                kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
-                PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
-            )  # fmt: skip
-            # Slots for the next issue and the next tile's mask: used one iteration on.
-            n0 = start + (i + NBUF) * BLOCK_N
-            sg_next = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
-            sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
-            n1 = start + (i + 1) * BLOCK_N
-            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
-
-            gl_cp.wait_group(NBUF - 1)  # this thread's copies of tile i have landed
+            nb = (i + NBUF - 1) % NBUF  # the buffer tile i-1 used
+            if LATE_ISSUE:
+                gl_cp.wait_group(NBUF - 2)  # tile i has landed (nothing newer issued yet)
+            else:
+                # Every warp is past tile i-1's MMAs: its buffer may be refilled now,
+                # so NBUF tiles are in flight while tile i is awaited.
+                gl.thread_barrier()
+                _sm90_issue_tile(
+                    kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
+                    PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
+                )  # fmt: skip
+                gl_cp.wait_group(NBUF - 1)  # this thread's copies of tile i have landed
             gl_fence_async_shared()  # cp.async writes -> wgmma (async proxy) reads
             gl.thread_barrier()  # ... and every other thread's
             buf = i % NBUF
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
+            if LATE_ISSUE:  # one barrier fewer a tile; the issue overlaps q.kT
+                _sm90_issue_tile(
+                    kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
+                    PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
+                )  # fmt: skip
+            # Slots for the next issue and the next tile's mask: used one iteration on.
+            n0 = start + (i + NBUF) * BLOCK_N
+            sg_next = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
+            sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
+            n1 = start + (i + 1) * BLOCK_N
+            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
             s = gl_wgmma_wait(0, deps=[s_tok])
             s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 0))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[None, :])
-            # Row sums stay per row until the end: no cross-warp reduction per tile.
-            l_part = l_part * alpha[None, :] + p
+            if LATE_SUM:  # noqa: SIM108 - constexpr branches
+                l_part = l_part * alpha[None, :] + p
+            else:
+                l_part = l_part * alpha + gl.sum(p, 0)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
             acc = acc * alpha_o[None, :]
             p_smem.store(p.to(dtype))
@@ -556,7 +583,10 @@ if _HAS_GLUON:
             ss_cur = ss_next
         gl_cp.wait_group(0)
 
-        l_i = gl.sum(l_part, 0)
+        if LATE_SUM:  # noqa: SIM108
+            l_i = gl.sum(l_part, 0)
+        else:
+            l_i = l_part
         has = l_i > 0.0
         inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, o_layout))
         out = gl.convert_layout(acc * inv[None, :], st_layout)
@@ -867,7 +897,7 @@ def _launch(
             lse.stride(0), lse.stride(1),
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
             NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps, P_SWIZZLE=min(128, 2 * cfg.block_h),
-            USE_PDL=pdl, num_warps=cfg.num_warps,
+            USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
