@@ -335,19 +335,12 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),
-        # Gluon SM90 kernel: sT computed by both warpgroups (dup), the next gather
-        # issued after q.kT (late), 16 warps.
-        "g_h16_dup": (g(16, 8, dup_s=True), few),
+        # Gluon SM90 kernel: runner-ups of the 2026-12-02 sweep (sT computed by both
+        # warpgroups: dup; the next gather issued after q.kT: late).
+        "g_h16": (g(16, 8), lambda h: h <= 8),
         "g_h16_late": (g(16, 8, late_issue=True), few),
-        "g_h16_dup_late": (g(16, 8, dup_s=True, late_issue=True), few),
-        "g_h32_dup": (g(32, 8, dup_s=True), mid),
         "g_h32_late": (g(32, 8, late_issue=True), mid),
-        "g_h32_w16": (g(32, 16), mid),
-        "g_h32_w16_dup": (g(32, 16, dup_s=True), mid),
-        "g_h32": (g(32, 8), many),
-        "g_h64_late": (g(64, 8, late_issue=True), many),
-        "g_h64_dup": (g(64, 8, dup_s=True), many),
-        "g_h64_w16": (g(64, 16), many),
+        "g_h64_early": (g(64, 8), many),
     }
 
 

@@ -219,6 +219,7 @@ GLUON_CFGS = [
     mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, dup_s=True, late_issue=True),
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
     mod.SparseMLAConfig(64, 64, 16, 2, per_sm=1, gluon=True),
+    mod.SparseMLAConfig(8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True),
 ]
 
 

@@ -69,8 +69,6 @@ class SparseMLAConfig:
     # programs start (and wait) while the splits run. Only where the split grid
     # surely fits one wave, or waiting merge programs take the splits' slots.
     pdl: bool = False
-    # Use _sparse_mla_split_kernel_kvmajor (gathered rows as the MMA's M, heads as N).
-    kv_major: bool = False
     # Use the Gluon SM90 kernel (KV-major, pipeline written out): num_stages is its
     # number of KV buffers, block_n must be 64 (wgmma's M), num_warps 4 or 8.
     gluon: bool = False
@@ -114,10 +112,12 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "h32_n64": SparseMLAConfig(32, 64, 8, 3, per_sm=1),
     # Many heads: one gathered tile feeds 64 heads (221 KiB, one program per SM).
     "h64_n64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
-    # SM90 (Gluon, wgmma): two 64-row buffers, one program per SM.
+    # SM90 (Gluon, wgmma): two 64-row buffers, one program per SM. Up to 8 heads,
+    # each warpgroup computes all of sT; from 64, the next gather goes out after q.kT.
+    "g_h8": SparseMLAConfig(8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True),
     "g_h16": SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
     "g_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
-    "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
+    "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
@@ -245,120 +245,8 @@ def _sparse_mla_split_kernel(
     else:
         # Workspace rows are (t, h, split); lse stays in base 2 for the merge.
         row = (t * H + offs_h) * NUM_SPLITS + sp
-        tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], out, mask=mask_h[:, None])
-        tl.store(plse_ptr + row, lse2, mask=mask_h)
-
-
-# KV-major form of the split kernel: sT = kv . qT and oT += kvT . pT, so the
-# gathered rows are the MMA's M (64 a warpgroup: wgmma on SM90) and the heads
-# its N. q and p are B operands read from shared memory by the tensor cores;
-# the mma.sync form above has every warp re-read its q fragments per tile.
-@triton.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
-def _sparse_mla_split_kernel_kvmajor(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    o_ptr,
-    lse_ptr,
-    po_ptr,
-    plse_ptr,
-    qk_scale,
-    v_scale,
-    H,
-    TOPK,
-    SPLIT_LEN,
-    NUM_SPLITS,
-    NUM_HBLK,
-    PAGE,
-    stride_qt,
-    stride_qh,
-    stride_kvb,
-    stride_kvs,
-    stride_it,
-    stride_ot,
-    stride_oh,
-    stride_lt,
-    stride_lh,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DV: tl.constexpr,
-    DR: tl.constexpr,
-    DIRECT: tl.constexpr,
-    IDX_AHEAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    DOT_F32: tl.constexpr,
-):
-    if USE_PDL:
-        gdc_launch_dependents()
-    pid = tl.program_id(0)
-    hb = pid % NUM_HBLK
-    rest = pid // NUM_HBLK
-    sp = rest % NUM_SPLITS
-    t = (rest // NUM_SPLITS).to(tl.int64)
-
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask_h = offs_h < H
-    offs_c = tl.arange(0, DV)
-    offs_r = tl.arange(0, DR)
-    # q loaded transposed ([576, BLOCK_H]): the B operand of kv . qT.
-    q_cols = q_ptr + t * stride_qt + offs_h[None, :] * stride_qh
-    q_cT = tl.load(q_cols + offs_c[:, None], mask=mask_h[None, :], other=0.0)
-    q_peT = tl.load(q_cols + DV + offs_r[:, None], mask=mask_h[None, :], other=0.0)
-    if DOT_F32:
-        q_cT = q_cT.to(tl.float32)
-        q_peT = q_peT.to(tl.float32)
-
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([DV, BLOCK_H], dtype=tl.float32)  # oT
-
-    start = sp * SPLIT_LEN
-    end = tl.minimum(start + SPLIT_LEN, TOPK)
-    idx_row = idx_ptr + t * stride_it
-    if IDX_AHEAD:
-        offs_n = start + tl.arange(0, BLOCK_N)
-        slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
-    else:
-        slot_next = tl.full([BLOCK_N], -1, dtype=tl.int32)
-    for n0 in range(start, end, BLOCK_N):
-        if IDX_AHEAD:
-            slot = slot_next
-            offs_n = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
-            slot_next = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
-        else:
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            slot = tl.load(idx_row + offs_n, mask=offs_n < end, other=-1)
-        valid = slot >= 0
-        slot = tl.where(valid, slot, 0).to(tl.int64)
-        blk = slot // PAGE
-        rows = kv_ptr + blk * stride_kvb + (slot - blk * PAGE) * stride_kvs
-        kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
-        kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
-        kv = kv.to(q_cT.dtype)
-        s = tl.dot(kv, q_cT)
-        s = tl.dot(kpe.to(q_cT.dtype), q_peT, s)
-        s = tl.where(valid[:, None], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[None, :])
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha[None, :]
-        acc = tl.dot(tl.trans(kv), p.to(kv.dtype), acc)
-        m_i = m_new
-
-    has = l_i > 0.0
-    out = acc * (v_scale / tl.where(has, l_i, 1.0))[None, :]
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    if DIRECT:
-        o_ptrs = o_ptr + t * stride_ot + offs_h[None, :] * stride_oh + offs_c[:, None]
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[None, :])
-        tl.store(
-            lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=mask_h
-        )
-    else:
-        row = (t * H + offs_h) * NUM_SPLITS + sp
-        tl.store(po_ptr + row[None, :] * DV + offs_c[:, None], out, mask=mask_h[None, :])
+        po = out.to(po_ptr.dtype.element_ty)
+        tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
 
@@ -397,13 +285,14 @@ if _HAS_GLUON:
         )
         gl_cp.commit_group()
 
-    # SM90 split kernel in Gluon, KV-major like _sparse_mla_split_kernel_kvmajor
-    # (sT = kv . qT and oT += kvT . pT on wgmma, 64 gathered rows as M), but with
-    # the pipeline written out: the gather of tile i + NBUF - 1 is issued before
-    # tile i's MMAs and its slots were read one tile earlier, so neither the slot
-    # load nor the gather waits on the MMAs. Triton's own pipeliner (kvmajor
-    # kernel) issues the next gather after the MMAs and reads its slots right
-    # before it. Two warpgroups split the heads of sT and the 512 rows of oT.
+    # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
+    # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
+    # tensor cores read from shared memory once a tile (the Triton kernel's
+    # mma.sync has every warp re-read its q fragments per tile). The pipeline is
+    # written out: the gather of tile i + NBUF - 1 goes out before tile i's MMAs
+    # and its slots were read a tile earlier. Triton's pipeliner, given the same
+    # KV-major loop, issued the next gather after both MMAs and read its slots
+    # right before it, exposing both latencies every tile.
     @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
     def _sparse_mla_split_kernel_sm90(
         q_ptr,
@@ -534,9 +423,7 @@ if _HAS_GLUON:
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
         for i in range(0, n_tiles):
             nb = (i + NBUF - 1) % NBUF  # the buffer tile i-1 used
-            if LATE_ISSUE:
-                gl_cp.wait_group(NBUF - 2)  # tile i has landed (nothing newer issued yet)
-            else:
+            if not LATE_ISSUE:
                 # Every warp is past tile i-1's MMAs: its buffer may be refilled now,
                 # so NBUF tiles are in flight while tile i is awaited.
                 gl.thread_barrier()
@@ -544,6 +431,15 @@ if _HAS_GLUON:
                     kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
                     PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
                 )  # fmt: skip
+            # Slots for the next issue and the next tile's mask: used one iteration on.
+            n0 = start + (i + NBUF) * BLOCK_N
+            sg_next2 = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
+            sr_next2 = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
+            n1 = start + (i + 1) * BLOCK_N
+            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
+            if LATE_ISSUE:
+                gl_cp.wait_group(NBUF - 2)  # tile i has landed (nothing newer issued yet)
+            else:
                 gl_cp.wait_group(NBUF - 1)  # this thread's copies of tile i have landed
             gl_fence_async_shared()  # cp.async writes -> wgmma (async proxy) reads
             gl.thread_barrier()  # ... and every other thread's
@@ -556,12 +452,8 @@ if _HAS_GLUON:
                     kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
                     PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
                 )  # fmt: skip
-            # Slots for the next issue and the next tile's mask: used one iteration on.
-            n0 = start + (i + NBUF) * BLOCK_N
-            sg_next = gl.load(idx_row + n0 + rows_g, mask=n0 + rows_g < end, other=-1)
-            sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
-            n1 = start + (i + 1) * BLOCK_N
-            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
+            sg_next = sg_next2
+            sr_next = sr_next2
             s = gl_wgmma_wait(0, deps=[s_tok])
             s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 0))
@@ -605,7 +497,8 @@ if _HAS_GLUON:
             )
         else:
             row = (t * H + offs_hs) * NUM_SPLITS + sp
-            gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], out, mask=mask_hs)
+            po = out.to(po_ptr.dtype.element_ty)
+            gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], po, mask=mask_hs)
             row_l = (t * H + offs_hl) * NUM_SPLITS + sp
             gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
@@ -646,7 +539,7 @@ def _sparse_mla_merge_kernel(
         po_ptr + (pid * NUM_SPLITS + offs_s[:, None]) * DV + offs_d[None, :],
         mask=mask_s[:, None],
         other=0.0,
-    )
+    ).to(tl.float32)
     out = tl.sum(po * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
     tl.store(o_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
     if pd == 0:
@@ -697,6 +590,8 @@ def candidate_configs(
         gluon_ok = sm90 and num_tokens >= 8
         if sm90 and num_tokens < 8 and num_heads > 64:  # 32-head blocks beat h16_n64 here
             order = ["g_h32", "h16_n64", "h16_n32"]
+        elif gluon_ok and num_heads <= 8:
+            order = ["g_h8", "g_h16", "h16_n32"]
         elif gluon_ok and num_heads <= 16:
             order = ["g_h16", "h16_n32"]
         elif gluon_ok and num_heads <= 32:
@@ -840,6 +735,11 @@ def sparse_mla_fwd(
 _UNFIT: set[tuple[torch.device, torch.dtype, SparseMLAConfig]] = set()
 
 
+def _nvmma_swizzle(row_bytes: int) -> int:
+    """Largest NVMMA shared-memory swizzle that a row of row_bytes fills (0: none)."""
+    return next((w for w in (128, 64, 32) if row_bytes % w == 0), 0)
+
+
 def _launch(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -874,7 +774,10 @@ def _launch(
         elif workspace.numel() < need or workspace.dtype != torch.float32:
             raise ValueError(f"workspace needs {need} float32 elements")
         n_po = num_tokens * num_heads * num_splits * D_LATENT
-        po = workspace[:n_po]
+        # Partial outputs (each already divided by its own sum, so within V's range)
+        # are kept in q's 16-bit dtype: half the split-K traffic, one more rounding
+        # of the output's own precision.
+        po = workspace[: n_po // 2].view(q.dtype)
         plse = workspace[n_po:need]
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
@@ -884,6 +787,12 @@ def _launch(
     if cfg.gluon:
         if not (_HAS_GLUON and info.major == 9) or interpret:
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
+        if (
+            cfg.block_n != 64
+            or cfg.num_warps % 4
+            or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
+        ):
+            raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
         build = _sparse_mla_split_kernel_sm90[grid](
@@ -896,12 +805,12 @@ def _launch(
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
-            NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps, P_SWIZZLE=min(128, 2 * cfg.block_h),
+            NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps,
+            P_SWIZZLE=_nvmma_swizzle(2 * cfg.block_h),
             USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
-        kernel = _sparse_mla_split_kernel_kvmajor if cfg.kv_major else _sparse_mla_split_kernel
-        build = kernel[grid](
+        build = _sparse_mla_split_kernel[grid](
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
