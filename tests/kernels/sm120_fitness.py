@@ -54,7 +54,6 @@ def _ptr_type(name: str, dtype: str, kv_dtype: str) -> str:
         "kv_ptr": f"*{kv_dtype}",
         "idx_ptr": "*i32",
         "o_ptr": f"*{dtype}",
-        "po_ptr": f"*{dtype}",  # split-K partial outputs are kept in q's dtype
     }.get(name, "*fp32")
 
 
