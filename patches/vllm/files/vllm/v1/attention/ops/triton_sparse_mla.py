@@ -576,11 +576,12 @@ def candidate_configs(
     Cached: sparse_mla_fwd asks on every call, and the answer depends on these
     arguments only (about 10 us of Python per call otherwise).
 
-    Chosen from H200 sweeps (docs/sparse-mla-kernel-notes.md): a lone token
-    takes 16-row tiles so split-K reaches 128 programs; 32- and 64-head
-    blocks win from 16 tokens up because one gathered tile then feeds all
-    heads; the rest takes double-buffered 32-row tiles. 99 KiB parts (SM120)
-    get the same shapes cut to fit, untimed there.
+    Chosen from H200 sweeps (docs/sparse-mla-kernel-notes.md): on SM90 the
+    Gluon kernel from 8 tokens (head blocks of 8, 16, 32 or 64: one gathered
+    tile feeds them all), a lone token of 8-16 heads the Triton kernel with
+    16-row tiles so split-K reaches 128 programs. Elsewhere the Triton kernel:
+    32- and 64-head blocks from 16 tokens, else double-buffered 32-row tiles.
+    99 KiB parts (SM120) get the same Triton shapes cut to fit, untimed there.
     """
     alone = num_tokens * triton.cdiv(num_heads, 16) == 1
     if info.smem_bytes >= 2 * SMALL_SMEM_BYTES:
