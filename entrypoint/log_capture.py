@@ -53,6 +53,11 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
 ]
 
 
+# The engine's "KV cache size" line comes once, after every rank's "Available KV cache
+# memory": what follows it is warm-up (compiling, CUDA graph capture).
+WARM_UP_FOLLOWS = re.compile(r"KV cache size: ")
+
+
 def milestone(message: str) -> tuple[str | None, str | None] | None:
     """(step or None, detail or None) for one of vLLM's milestone messages, else None."""
     for pattern, step, detail in MILESTONES:

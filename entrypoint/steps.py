@@ -21,6 +21,15 @@ WARMING_UP = "warming up"
 API_SERVER = "starting API server"
 SERVING = "serving"
 
+# The order a start goes through them. CAPTURING and WARMING_UP are alternatives;
+# vLLM also compiles during warm-up, which stays part of that step.
+ORDER = (VALIDATING, PREFLIGHT, STARTING_VLLM, STARTING_ENGINE, LOADING, LOADED, COMPILING,
+         KV_CACHE, CAPTURING, WARMING_UP, API_SERVER, SERVING)
+
+
+def rank(step: str | None) -> int:
+    return ORDER.index(step) if step in ORDER else -1
+
 
 class Steps:
     """An ordered list of {"step", "at", "detail"}: one entry per change of step."""
@@ -33,10 +42,15 @@ class Steps:
         return self.entries[-1]["step"] if self.entries else None
 
     def enter(self, step: str, at: float, detail: str | None = None) -> bool:
-        """Start `step` (True), or only update the detail when it is the current one."""
+        """Start `step` (True), or only update the detail when it is the current one.
+
+        A step from earlier in ORDER is ignored: with several ranks, a slow rank's
+        "loading" message may come after another rank's "loaded"."""
         if step == self.current:
             if detail:
                 self.entries[-1]["detail"] = detail
+            return False
+        if rank(step) < rank(self.current):
             return False
         self.entries.append({"step": step, "at": at, "detail": detail})
         return True

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint import load_progress, metrics, startup_history
-from entrypoint.log_capture import LogTail, milestone
+from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
@@ -122,7 +122,8 @@ class Tracker:
         if self.log is None:
             return
         for record in self.log.read():
-            found = milestone(str(record.get("msg", "")))
+            message = str(record.get("msg", ""))
+            found = milestone(message)
             if found is None:
                 continue
             step, detail = found
@@ -132,7 +133,7 @@ class Tracker:
                     self.steps.note(detail)
             elif self.phase != READY:
                 self.steps.enter(step, at, detail)
-                if step == KV_CACHE:  # what follows the cache is warm-up
+                if step == KV_CACHE and WARM_UP_FOLLOWS.search(message):
                     after = CAPTURING if self.config.cuda_graphs else WARMING_UP
                     self.steps.enter(after, at)
 
