@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from entrypoint.steps import LOADING, STARTING_ENGINE, STARTING_VLLM
+
 GIB = 2**30
+# Steps during which the weights' byte count is the news (without vLLM's log the
+# step stays "starting vLLM" until the server answers).
+LOADING_STEPS = (None, STARTING_VLLM, STARTING_ENGINE, LOADING)
 
 
 def _seconds(value: float) -> str:
@@ -27,12 +32,14 @@ def loading_line(loading: dict[str, Any]) -> str:
     return line
 
 
-def step_line(status: dict[str, Any], now: float) -> str:
-    """`phase: step (detail), N s in it`: what the start is doing now."""
+def step_line(status: dict[str, Any], now: float | None = None) -> str:
+    """`phase: step (detail)[, N s in it]`: what the start is doing now (the time in the
+    step only given `now`)."""
     phase = str(status.get("phase", "unknown"))
     step, detail = status.get("step"), status.get("detail")
     loading = status.get("loading")
-    if isinstance(loading, dict) and loading.get("total_bytes") and phase != "ready":
+    if (isinstance(loading, dict) and loading.get("total_bytes") and phase != "ready"
+            and step in LOADING_STEPS):
         return f"{phase}: {loading_line(loading)}"
     if not step or step == phase:
         return phase
@@ -40,7 +47,8 @@ def step_line(status: dict[str, Any], now: float) -> str:
     if detail:
         line += f" ({detail})"
     steps = status.get("steps")
-    if isinstance(steps, list) and steps and isinstance(steps[-1].get("at"), int | float):
+    if (now is not None and isinstance(steps, list) and steps
+            and isinstance(steps[-1].get("at"), int | float)):
         line += f", {_seconds(max(0.0, now - steps[-1]['at']))} in it"
     return line
 

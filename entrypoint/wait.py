@@ -28,7 +28,7 @@ def describe(status: dict) -> str:
     """One line for a status: the phase and step, the weights loaded while starting,
     and the ETA the last start gives."""
     phase = str(status.get("phase", "unknown"))
-    line = status_summary.step_line(status, time.time())
+    line = status_summary.step_line(status)
     if line == "starting":
         line = "starting: vLLM is loading (no step reported yet)"
     eta = status_summary.eta_line(status)
