@@ -44,7 +44,7 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     served = start_serve(
         tmp_path_factory.mktemp("watchdog"),
         SERVE_MODEL=tiny_model,
-        SERVE_MAX_MODEL_LEN="2048",
+        SERVE_MAX_MODEL_LEN="1024",  # the tiny model's max_position_embeddings
         SERVE_WEDGE_SECONDS=str(WEDGE_SECONDS),
         SERVE_GENERATION_CHECK_INTERVAL=str(CHECK_INTERVAL),
         SERVE_GENERATION_CHECK_TIMEOUT=str(CHECK_TIMEOUT),
@@ -94,8 +94,8 @@ def test_sigstop_engine_with_a_running_request_turns_unhealthy_and_sigcont_recov
 ) -> None:
     core = engine_core(server)
     seen: dict = {}
-    body = {"model": tiny_model, "prompt": "the quick", "max_tokens": 1500,
-            "min_tokens": 1500, "temperature": 0}
+    body = {"model": tiny_model, "prompt": "the quick", "max_tokens": 1000,
+            "min_tokens": 1000, "temperature": 0}
     streaming = threading.Thread(target=server.stream, args=(body, 300, seen), daemon=True)
     streaming.start()
     wait_for(lambda: seen.get("chunks", 0) > 0, 60, "first tokens")
