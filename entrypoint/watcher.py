@@ -362,7 +362,10 @@ class GenerationCheck:
         except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError,
                 TypeError) as exc:
             detail = getattr(exc, "reason", exc)
-            self.failure = f"generation check: {detail}"
+            if isinstance(detail, TimeoutError):
+                self.failure = f"generation check: no token within {timeout:g} s"
+            else:
+                self.failure = f"generation check: {detail}"
 
 
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
