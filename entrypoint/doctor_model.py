@@ -116,6 +116,27 @@ def _shorter(message: str) -> str:
     return f"{head}; {len(parts)} missing, the first {parts[0]}"
 
 
+def _hub_model_row(ctx: Context, model: str) -> V:
+    """A hub model: its cached weights checked like a folder; none cached is fine only
+    while vLLM may download them."""
+    from huggingface_hub import constants
+
+    revision = getattr(ctx.rendered.namespace, "revision", None) if ctx.rendered else None
+    folder = hub_files.cached_snapshot(model, revision)
+    if folder is not None and any(next(folder.glob(g), None) for g in WEIGHT_GLOBS):
+        row = _folder_row(folder)
+        ctx.model_complete = row.status != FAIL
+        return V(row.check, row.status, f"{model} (HF cache) {row.reason}")
+    if constants.HF_HUB_OFFLINE:
+        ctx.model_complete = False
+        fetch = f"`hf download {model}` where the hub is reachable"
+        return V("model files", FAIL, f"{model}: no weights in the HF cache "
+                                      f"{constants.HF_HUB_CACHE}, and HF_HUB_OFFLINE is set; "
+                                      f"{fetch}")  # fmt: skip
+    return V("model files", SKIP, f"{model} is a hub repo, not cached: vLLM downloads its "
+                                  "weights when it starts")  # fmt: skip
+
+
 def model_files_row(ctx: Context) -> V:
     model = _model(ctx)
     if not model:
@@ -137,8 +158,7 @@ def model_files_row(ctx: Context) -> V:
         return V("model files", OK, f"{model}: {len(parts)} file(s), {size(total)}, {tensors} "
                                     "tensors, every tensor's bytes present")  # fmt: skip
     if hub_files.hub_repo_id(model) is not None:
-        return V("model files", SKIP, f"{model} is a hub repo: vLLM downloads its weights "
-                                      "when it starts")  # fmt: skip
+        return _hub_model_row(ctx, model)
     path = Path(model).expanduser()
     if path.is_dir():
         row = _folder_row(path)
@@ -175,7 +195,9 @@ def _hub_row(repo: hub_files.HubRepo, ctx: Context) -> V:
     if folder is not None and not missing:
         ctx.hub_folders[repo.repo] = folder
         return V("hf config", OK, f"{repo.label}: cached in {folder}")
-    fetch = hub_files.prefetch_commands(repo)[0]
+    # A hub model needs its weights too, which fetch-config never takes.
+    whole = settings.MODEL in repo.names
+    fetch = f"hf download {repo.repo}" if whole else hub_files.prefetch_commands(repo)[0]
     lacking = f" (the cached copy lacks {', '.join(missing)})" if folder is not None else ""
     if constants.HF_HUB_OFFLINE:
         return V("hf config", FAIL, f"{repo.label}: not in the HF cache {constants.HF_HUB_CACHE}"

@@ -195,6 +195,16 @@ def cached_folder(repo: HubRepo) -> tuple[Path | None, list[str]]:
     return folder, missing
 
 
+def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cache's whole snapshot folder of a repo (weights included), without the network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except Exception:  # not installed, nothing cached, a revision never resolved here
+        return None
+
+
 def fetch_repo(repo: HubRepo, log: Log) -> Path:
     """The local snapshot folder holding `repo`'s small files; fetched when missing.
 

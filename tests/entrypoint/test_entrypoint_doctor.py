@@ -315,6 +315,31 @@ def test_image_cuda_is_read_without_importing_torch() -> None:
     assert hostinfo.parse_cuda("13.0.88") == (13, 0) and hostinfo.parse_cuda("") is None
 
 
+def test_stand_in_cuda_torch_version_file_and_cuda_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA torch's version.py (as torch 2.x+cu130 writes it), then CUDA_HOME alone."""
+    import importlib.machinery
+
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.13.0+cu130'\n"
+        "cuda: Optional[str] = '13.0'\n"
+    )
+    spec = importlib.machinery.ModuleSpec("torch", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    monkeypatch.setattr(hostinfo.importlib.util, "find_spec",
+                        lambda name: spec if name == "torch" else None)  # fmt: skip
+    found, source = hostinfo.image_cuda()
+    assert found == (13, 0) and str(package / "version.py") in source
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / "version.json").write_text(json.dumps({"cuda": {"version": "12.9.1"}}))
+    monkeypatch.setattr(hostinfo.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert hostinfo.image_cuda() == ((12, 9), str(tmp_path / "cuda" / "version.json"))
+
+
 # --- whole runs in a child process: huggingface_hub reads its settings at import -------
 
 
@@ -392,3 +417,35 @@ def _free_port() -> int:
     from tests.serving import free_port
 
     return free_port()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_stand_in_hub_model_cached_weights_are_checked_offline(
+    tmp_path: Path, local_model: Path
+) -> None:
+    """A hub model under HF_HUB_OFFLINE: its cached shards are checked like a folder."""
+    files = {p.name: p.read_bytes() for p in local_model.iterdir()}
+    with running_stand_in_hub({"org/tiny": files}) as hub:
+        env = child_env(tmp_path, HF_ENDPOINT=hub.url, SERVE_MODEL="org/tiny",
+                        SERVE_PORT=str(_free_port()))  # fmt: skip
+        download = "from huggingface_hub import snapshot_download as s; print(s('org/tiny'))"
+        done = subprocess.run([sys.executable, "-c", download], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    whole = run_doctor(offline)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    rows = table(whole.stdout)
+    assert rows["model files"][0] == "ok" and "org/tiny (HF cache)" in rows["model files"][1]
+    assert rows["hf config"][0] == "ok" and "cached in" in rows["hf config"][1]
+    shard = Path(done.stdout.strip()) / "model-00002-of-00002.safetensors"
+    blob = shard.resolve()  # the cache keeps content in blobs/, the snapshot links to it
+    blob.write_bytes(blob.read_bytes()[:-4])
+    cut = run_doctor(offline)
+    assert cut.returncode == 1
+    state, reason = table(cut.stdout)["model files"]
+    assert state == "FAIL" and "truncated file?" in reason
+    missing = run_doctor({**offline, "SERVE_MODEL": "org/other"})
+    assert table(missing.stdout)["model files"][0] == "FAIL"
+    assert "`hf download org/other`" in table(missing.stdout)["hf config"][1]
