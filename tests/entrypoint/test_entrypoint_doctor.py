@@ -151,6 +151,36 @@ def test_gguf_layout_gap_fails_the_gguf_check(
     assert f"`frontier-serve check-gguf {path} --hf-config {tmp_path}`" in reason
 
 
+def test_bare_gguf_config_from_the_file_unreadable_then_stand_in_cached(
+    vllm_table: Any, base_env: dict[str, str], tiny_glm5: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """No config.json beside the GGUF: serve would extract one. transformers cannot read
+    glm-dsa, which is a blocker; a cached extraction (a stand-in folder here) is used."""
+    from entrypoint import gguf_config
+
+    bare = tmp_path / "bare" / tiny_glm5.name
+    bare.parent.mkdir()
+    bare.write_bytes(tiny_glm5.read_bytes())
+    env = {**base_env, "SERVE_MODEL": str(bare), "FRONTIER_CACHE": str(tmp_path / "cache")}
+    code, rows, _ = doctor(env)
+    assert code == 1
+    state, reason = rows["hf config"]
+    assert state == "FAIL" and "cannot read the config of GGUF architecture 'glm-dsa'" in reason
+    assert rows["gguf check"][0] == "skip"
+    monkeypatch.setenv("FRONTIER_CACHE", env["FRONTIER_CACHE"])  # cache_dir_for reads it
+    folder = gguf_config.cache_dir_for(bare, with_tokenizer=True)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_bytes((tiny_glm5.parent / "config.json").read_bytes())
+    (folder / gguf_config.DONE).write_text("{}")
+    code, rows, output = doctor(env)
+    assert code == 0, output
+    assert rows["hf config"] == ("ok", f"no config.json beside {bare.name}: read from the GGUF "
+                                       f"earlier, cached in {folder}")  # fmt: skip
+    assert f"--hf-config-path {folder}" in rows["argv"][1]
+    assert rows["gguf check"][0] == "ok" and str(folder) in rows["gguf check"][1]
+
+
 def test_truncated_or_missing_safetensors_is_a_blocker(
     vllm_table: Any, env: dict[str, str], local_model: Path
 ) -> None:
