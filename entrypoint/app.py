@@ -218,8 +218,8 @@ def check_gguf(
 def doctor(env_file: EnvFiles = None) -> None:
     """Check host, container and settings before a long start: one verdict per line.
 
-    ok, warn, FAIL (a blocker) or skip, each with its reason. Starts nothing and downloads
-    nothing (the hub is asked for a file list only). Exit 1 on any FAIL.
+    ok, warn, FAIL (a blocker) or skip, each with its reason; exit 1 on any FAIL.
+    Starts nothing and downloads nothing (the hub is asked for a file list only).
     """
     from entrypoint.doctor import run
 
