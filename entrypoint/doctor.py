@@ -23,9 +23,8 @@ Row = Callable[[Context], "Verdict | list[Verdict]"]
 NAME_WIDTH = 12
 
 
-def _rows(row: Row, ctx: Context) -> list[Verdict]:
+def _rows(name: str, row: Row, ctx: Context) -> list[Verdict]:
     """A row's verdicts; a check that raises is that row's FAIL, never a traceback."""
-    name = row.__name__.removesuffix("_rows").removesuffix("_row").replace("_", " ")
     try:
         result = row(ctx)
     except ConfigError as exc:
@@ -73,8 +72,8 @@ def diagnose(env: Mapping[str, str]) -> Iterable[Verdict]:
     except Exception as exc:  # a broken GGUF header here is the model files row's to name
         ctx.config_note = Verdict("hf config", FAIL, f"{type(exc).__name__}: {exc}")
     _render(ctx)
-    for row in (*HOST_ROWS, *MODEL_ROWS):
-        yield from _rows(row, ctx)
+    for name, row in (*HOST_ROWS, *MODEL_ROWS):
+        yield from _rows(name, row, ctx)
 
 
 def run(env: Mapping[str, str], out: Callable[[str], None] = print) -> int:

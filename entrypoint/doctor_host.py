@@ -167,4 +167,6 @@ def disk_row(ctx: Context) -> V:
     return V("disk", OK, reason)
 
 
-HOST_ROWS = (gpus_row, cuda_driver_row, gpu_count_row, shm_row, memlock_row, disk_row)
+# (row name, check): the name also labels the row when its check raises
+HOST_ROWS = (("gpus", gpus_row), ("cuda driver", cuda_driver_row), ("gpu count", gpu_count_row),
+             ("/dev/shm", shm_row), ("ulimit -l", memlock_row), ("disk", disk_row))  # fmt: skip

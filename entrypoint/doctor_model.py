@@ -26,6 +26,7 @@ from entrypoint.preflight import (
     check_writable,
     gguf_check_config,
     layout_required,
+    listen_host,
     wants_gguf_check,
 )
 
@@ -290,7 +291,7 @@ def port_row(ctx: Context) -> V:
     if not settings.flag(ctx.env, settings.CHECK_PORT, default=True):
         return V("port", SKIP, f"{settings.CHECK_PORT}=false")
     check_port_free(ns.host, ns.port)  # a ConfigError here is the row's FAIL
-    return V("port", OK, f"{ns.host or '0.0.0.0'}:{ns.port} is free")
+    return V("port", OK, f"{listen_host(ns.host)}:{ns.port} is free")
 
 
 def watcher_row(ctx: Context) -> V:
@@ -330,4 +331,6 @@ def argv_row(ctx: Context) -> V:
     return V("argv", FAIL, "; ".join(ctx.render_problems))
 
 
-MODEL_ROWS = (model_files_row, hf_config_rows, gguf_check_row, port_row, watcher_row, argv_row)
+MODEL_ROWS = (("model files", model_files_row), ("hf config", hf_config_rows),
+              ("gguf check", gguf_check_row), ("port", port_row), ("ready file", watcher_row),
+              ("argv", argv_row))  # fmt: skip

@@ -208,6 +208,22 @@ def test_bad_settings_fail_the_argv_row_and_bad_usage_exits_2(
     assert result.output.startswith(f"frontier-serve: error: env file {tmp_path / 'nope.env'}")
 
 
+def test_a_check_that_raises_is_its_rows_fail(
+    vllm_table: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from entrypoint.doctor import run
+
+    def broken(path: str = hostinfo.SHM) -> int:
+        raise RuntimeError("statvfs went away")
+
+    monkeypatch.setattr(hostinfo, "shm_bytes", broken)
+    lines: list[str] = []
+    assert run(env, out=lines.append) == 1
+    rows = table("\n".join(lines))
+    assert rows["/dev/shm"] == ("FAIL", "the check itself failed: RuntimeError: statvfs went away")
+    assert rows["argv"][0] == "ok"  # the other rows still ran
+
+
 # --- GPU rows: stand-ins for NVML and the CUDA build (no GPU here) -------------------
 
 
