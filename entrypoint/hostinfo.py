@@ -74,7 +74,7 @@ def _torch_version_file_cuda() -> tuple[str | None, str] | None:
             value = getattr(node, "value", None)
             if isinstance(value, ast.Constant) and (value.value is None or
                                                    isinstance(value.value, str)):  # fmt: skip
-                return value.value, f"torch {_torch_version()} ({path})"
+                return value.value, f"torch {_torch_version()} at {path}"
     return None
 
 

@@ -357,7 +357,7 @@ def test_image_cuda_is_read_without_importing_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("(None, 'torch 2.13.0+cpu (")  # the CPU tier's torch
+    assert done.stdout.startswith("(None, 'torch 2.13.0+cpu at ")  # the CPU tier's torch
     assert hostinfo.parse_cuda("13.0.88") == (13, 0) and hostinfo.parse_cuda("") is None
 
 
@@ -495,3 +495,31 @@ def test_stand_in_hub_model_cached_weights_are_checked_offline(
     missing = run_doctor({**offline, "SERVE_MODEL": "org/other"})
     assert table(missing.stdout)["model files"][0] == "FAIL"
     assert "`hf download org/other`" in table(missing.stdout)["hf config"][1]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_stand_in_gpu_doctor_on_the_glm5_profile(tmp_path: Path) -> None:
+    """`tests.stand_in_gpu` (what check-image uses for render) runs doctor too: 8 stand-in
+    SM120 GPUs fit the profile's TP 8, 4 do not."""
+    env = child_env(tmp_path, HF_HUB_OFFLINE="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+
+    def stand_in(count: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tests.stand_in_gpu", "--gpus", str(count), "doctor",
+             "--env-file", "profiles/glm5.env"],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+        )  # fmt: skip
+
+    eight, four = stand_in(8), stand_in(4)
+    rows = table(eight.stdout)
+    assert eight.returncode == 1 and "Traceback" not in eight.stdout, eight.stdout
+    assert rows["gpus"][0] == "ok" and "TRITON_MLA_SPARSE" in rows["gpus"][1]
+    assert rows["gpu count"] == ("ok", "tensor-parallel 8 × pipeline-parallel 1 needs 8; 8 "
+                                       "visible")  # fmt: skip
+    assert rows["/dev/shm"][1].endswith("for NCCL between 8 GPU ranks")
+    # the CPU tier's torch has no CUDA: under a stand-in CUDA build that is a blocker
+    assert rows["cuda driver"][0] == "FAIL" and "torch 2.13.0+cpu" in rows["cuda driver"][1]
+    state, reason = table(four.stdout)["gpu count"]
+    assert state == "FAIL" and "needs 8 GPUs, but 4 are visible" in reason
