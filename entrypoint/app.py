@@ -1,5 +1,5 @@
 """The typer application: render, serve, fetch-config, probe, status, wait, check-gguf,
-reserved.
+doctor, reserved.
 
 Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
 """
@@ -217,6 +217,18 @@ def check_gguf(
     except ConfigError as exc:
         fail(exc)
     raise typer.Exit(code)
+
+
+@app.command()
+def doctor(env_file: EnvFiles = None) -> None:
+    """Check host, container and settings before a long start: one verdict per line.
+
+    ok, warn, FAIL (a blocker) or skip, each with its reason; exit 1 on any FAIL.
+    Starts nothing and downloads nothing (the hub is asked for a file list only).
+    """
+    from entrypoint.doctor import run
+
+    raise typer.Exit(run(_environment(env_file), out=typer.echo))
 
 
 @app.command()
