@@ -38,6 +38,10 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
      lambda m: f"in {float(m[1]):.1f} s"),
     (re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"), LOADED,
      _gib_seconds),
+    # The patched GGUF plugin's last progress line of a rank (gguf_tensors.py); vLLM's
+    # own "Loading weights took" does not come on the GGUF path.
+    (re.compile(r"GGUF weights rank (\d+): ([\d.]+ GiB) of \2 \(100%\), ([\d.]+) GiB/s, done"),
+     LOADED, lambda m: f"{m[2]} at {m[3]} GiB/s (rank {m[1]})"),
     (re.compile(r"Dynamo bytecode transform time|Compiling a graph for compile range"),
      COMPILING, None),
     (re.compile(r"torch\.compile took ([\d.]+) s in total"), None,
