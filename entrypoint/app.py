@@ -1,5 +1,5 @@
 """The typer application: render, serve, fetch-config, probe, status, wait, check-gguf,
-reserved.
+doctor, reserved.
 
 Loaded through `entrypoint.cli.main`, which answers `probe` and `status` without it.
 """
@@ -79,13 +79,13 @@ def serve(env_file: EnvFiles = None) -> None:
     )
 
     env = _environment(env_file)
-    mark_validating(env)
+    steps = mark_validating(env)
     # Before anything reads it: vLLM would die on the URI only after the checks.
     warnings = {drop_service_link_port(os.environ), drop_service_link_port(env)}  # type: ignore[arg-type]
     for warning in sorted(w for w in warnings if w):
         typer.echo(f"frontier-serve: warning: {warning}", err=True)
     try:
-        rendered, config, gguf_code = prepare(env)
+        rendered, config, gguf_code = prepare(env, steps)
     except ConfigError as exc:
         mark_refused(env, exc.problems, USAGE_EXIT)
         fail(exc)
@@ -168,11 +168,16 @@ def probe(
 
 
 @app.command()
-def status(ready_file: ReadyFile = None, env_file: EnvFiles = None) -> None:
-    """Print the watcher's status JSON."""
-    from entrypoint.probe import status_text
+def status(
+    ready_file: ReadyFile = None,
+    env_file: EnvFiles = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the status JSON")] = False,
+) -> None:
+    """Print what vLLM is doing: step, progress, ETA, errors, speculative decoding."""
+    from entrypoint.probe import status_summary, status_text
 
-    code, text = status_text(ready_file or settings.ready_file_from(_environment(env_file)))
+    path = ready_file or settings.ready_file_from(_environment(env_file))
+    code, text = status_text(path) if as_json else status_summary(path)
     typer.echo(text)
     raise typer.Exit(code)
 
@@ -212,6 +217,18 @@ def check_gguf(
     except ConfigError as exc:
         fail(exc)
     raise typer.Exit(code)
+
+
+@app.command()
+def doctor(env_file: EnvFiles = None) -> None:
+    """Check host, container and settings before a long start: one verdict per line.
+
+    ok, warn, FAIL (a blocker) or skip, each with its reason; exit 1 on any FAIL.
+    Starts nothing and downloads nothing (the hub is asked for a file list only).
+    """
+    from entrypoint.doctor import run
+
+    raise typer.Exit(run(_environment(env_file), out=typer.echo))
 
 
 @app.command()

@@ -117,10 +117,29 @@ def cache_dir_for(path: Path, with_tokenizer: bool) -> Path:
     return cache_root() / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
+def cached_extraction(path: Path, with_tokenizer: bool) -> Path | None:
+    """The folder an earlier extraction of this very file left, or None."""
+    target = cache_dir_for(path, with_tokenizer)
+    return target if (target / DONE).is_file() else None
+
+
+def extraction_updates(env: Mapping[str, str], folder: Path) -> dict[str, str]:
+    """The SERVE_* values that point vLLM at an extracted `folder`."""
+    updates = {HF_CONFIG_PATH: str(folder)}
+    if not keeps_tokenizer(env):
+        updates[TOKENIZER] = str(folder)
+    return updates
+
+
+def keeps_tokenizer(env: Mapping[str, str]) -> bool:
+    """An explicit SERVE_TOKENIZER is kept: only the config comes from the GGUF then."""
+    return bool(env.get(TOKENIZER, "").strip())
+
+
 def extract(path: Path, with_tokenizer: bool = True, log=print) -> tuple[Path, bool]:  # type: ignore[no-untyped-def]
     """(folder with config.json [+ tokenizer], True when it was already cached)."""
     target = cache_dir_for(path, with_tokenizer)
-    if (target / DONE).is_file():
+    if cached_extraction(path, with_tokenizer) is not None:
         return target, True
     check_readable(path)
     from transformers import AutoConfig, AutoTokenizer
@@ -167,11 +186,9 @@ def gguf_config_env(env: Mapping[str, str], log=print) -> dict[str, str]:  # typ
     path = needs_extraction(env)
     if path is None:
         return {}
-    keep_tokenizer = bool(env.get(TOKENIZER, "").strip())
+    keep_tokenizer = keeps_tokenizer(env)
     folder, cached = extract(path, with_tokenizer=not keep_tokenizer, log=log)
-    updates = {HF_CONFIG_PATH: str(folder)}
-    if not keep_tokenizer:
-        updates[TOKENIZER] = str(folder)
+    updates = extraction_updates(env, folder)
     what = "config" if keep_tokenizer else "config and tokenizer"
     log(f"frontier-serve: no config.json beside {path.name}: {what} from the GGUF file "
         f"({'cached' if cached else 'extracted'}) in {folder}; "

@@ -5,18 +5,21 @@ DeviceConfig raises "Failed to infer device type"), and a tensor-parallel size l
 than the GPU count fails only once workers start. Both are problems of how the
 container was started, so they are reported up front with what to fix.
 
-`visible_gpu_count()` answers "how many"; `gpu_view()` and `vllm_is_cuda_build()` are
-the two hooks the checks call, looked up as module globals at call time, so
-`tests.stand_in_gpu` (checks on machines without a GPU) and tests replace them here.
+`visible_gpu_count()` answers "how many"; `nvml_driver_info()` adds the driver's CUDA
+version and each GPU's compute capability (for `doctor`). `gpu_view()` and
+`vllm_is_cuda_build()` are the two hooks the checks call, looked up as module globals
+at call time, so `tests.stand_in_gpu` (checks on machines without a GPU) and tests
+replace them here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
@@ -49,26 +52,92 @@ def vllm_is_cuda_build() -> bool:
     return not any(tag in installed.lower() for tag in GPU_BUILD_TAGS)
 
 
-def nvml_device_count() -> tuple[int | None, str]:
-    """(GPU count, how) from the driver's NVML library; None when NVML cannot start."""
+def _nvml_error(lib: ctypes.CDLL, status: int) -> str:
+    return str(lib.nvmlErrorString(status).decode(errors="replace"))
+
+
+@contextlib.contextmanager
+def _nvml() -> Iterator[tuple[ctypes.CDLL | None, str]]:
+    """(the started NVML library, "") or (None, why not); shut down on exit."""
     try:
         lib = ctypes.CDLL(NVML_LIBRARY)
         lib.nvmlErrorString.restype = ctypes.c_char_p
     except (OSError, AttributeError):
-        return None, f"{NVML_LIBRARY} (the NVIDIA driver library) is not in the container"
+        yield None, f"{NVML_LIBRARY} (the NVIDIA driver library) is not in the container"
+        return
     status = lib.nvmlInit_v2()
     if status != 0:
-        why = lib.nvmlErrorString(status).decode(errors="replace")
-        return None, f"NVML did not start ({why})"
+        yield None, f"NVML did not start ({_nvml_error(lib, status)})"
+        return
     try:
-        count = ctypes.c_uint(0)
-        status = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
-        if status != 0:
-            why = lib.nvmlErrorString(status).decode(errors="replace")
-            return None, f"NVML could not count GPUs ({why})"
-        return int(count.value), f"NVML sees {count.value} GPU(s)"
+        yield lib, ""
     finally:
         lib.nvmlShutdown()
+
+
+def _count(lib: ctypes.CDLL) -> tuple[int | None, str]:
+    count = ctypes.c_uint(0)
+    status = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+    if status != 0:
+        return None, f"NVML could not count GPUs ({_nvml_error(lib, status)})"
+    return int(count.value), f"NVML sees {count.value} GPU(s)"
+
+
+def nvml_device_count() -> tuple[int | None, str]:
+    """(GPU count, how) from the driver's NVML library; None when NVML cannot start."""
+    with _nvml() as (lib, why):
+        return (None, why) if lib is None else _count(lib)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    index: int  # NVML's index (CUDA_VISIBLE_DEVICES is not applied)
+    name: str
+    capability: tuple[int, int]  # compute capability, e.g. (12, 0) for SM120
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    version: str  # e.g. "580.95.05"
+    cuda: tuple[int, int] | None  # the newest CUDA this driver runs, e.g. (13, 0)
+    gpus: tuple[GpuModel, ...]
+
+
+def driver_info_from(lib: ctypes.CDLL) -> tuple[DriverInfo | None, str]:
+    """Driver version, its CUDA version and each GPU's name and compute capability."""
+    count, detail = _count(lib)
+    if count is None:
+        return None, detail
+    text = ctypes.create_string_buffer(96)
+    version = text.value.decode() if lib.nvmlSystemGetDriverVersion(text, 96) == 0 else "?"
+    cuda_raw = ctypes.c_int(0)  # 1000 * major + 10 * minor
+    cuda = None
+    if lib.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda_raw)) == 0:
+        cuda = (cuda_raw.value // 1000, cuda_raw.value % 1000 // 10)
+    models: list[GpuModel] = []
+    for index in range(count):
+        handle = ctypes.c_void_p()
+        status = lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
+        if status != 0:
+            return None, f"NVML cannot open GPU {index} ({_nvml_error(lib, status)})"
+        name = ctypes.create_string_buffer(96)
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        status = lib.nvmlDeviceGetCudaComputeCapability(
+            handle, ctypes.byref(major), ctypes.byref(minor)
+        )
+        if status != 0:
+            why = _nvml_error(lib, status)
+            return None, f"NVML gives no compute capability for GPU {index} ({why})"
+        lib.nvmlDeviceGetName(handle, name, 96)
+        models.append(GpuModel(index, name.value.decode(errors="replace") or "?",
+                               (major.value, minor.value)))  # fmt: skip
+    return DriverInfo(version, cuda, tuple(models)), detail
+
+
+def nvml_driver_info() -> tuple[DriverInfo | None, str]:
+    """What `doctor` shows of the driver and GPUs; None (and why) when NVML cannot tell."""
+    with _nvml() as (lib, why):
+        return (None, why) if lib is None else driver_info_from(lib)
 
 
 def cuda_visible(count: int, value: str | None) -> int:

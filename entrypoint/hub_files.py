@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from entrypoint.errors import ConfigError
 
@@ -121,7 +122,8 @@ def _size(n: int | None) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _why(error: BaseException, offline: bool) -> str:
+def why_unusable(error: BaseException, offline: bool) -> str:
+    """One clause saying why the hub gave no files (for error messages and `doctor`)."""
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     if offline:
@@ -148,6 +150,61 @@ def _quiet_tqdm() -> type:
     return Quiet
 
 
+def _snapshot_kwargs(repo: HubRepo) -> dict[str, Any]:
+    return {"revision": repo.revision, "allow_patterns": list(SMALL_FILES),
+            "ignore_patterns": list(WEIGHTS)}  # fmt: skip
+
+
+def hub_plan(repo: HubRepo) -> list[Any]:
+    """What `fetch_repo` would download (huggingface_hub's dry run: names and sizes, no
+    file content). Raises what the hub raised when it cannot be asked."""
+    from huggingface_hub import snapshot_download
+
+    return list(
+        snapshot_download(repo.repo, dry_run=True, tqdm_class=_quiet_tqdm(),
+                          **_snapshot_kwargs(repo))  # fmt: skip
+    )
+
+
+def needed_files(repo: HubRepo) -> list[str]:
+    """Files the settings that name `repo` cannot do without (any one of each group)."""
+    wanted = []
+    if any(name != TOKENIZER for name in repo.names):
+        wanted.append("config.json")
+    if TOKENIZER in repo.names:
+        wanted.append("tokenizer.json or tokenizer_config.json")
+    return wanted
+
+
+def cached_folder(repo: HubRepo) -> tuple[Path | None, list[str]]:
+    """(the cached snapshot of `repo`, the needed files it lacks), without the network.
+
+    (None, all needed files) when nothing of the repo is cached at this revision."""
+    needed = needed_files(repo)
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(
+            snapshot_download(repo.repo, local_files_only=True, **_snapshot_kwargs(repo))
+        )
+    except Exception:  # not installed, nothing cached, a revision never resolved here
+        return None, needed
+    have = {entry.name for entry in folder.iterdir()} if folder.is_dir() else set()
+    missing = [group for group in needed
+               if not any(name in have for name in group.split(" or "))]  # fmt: skip
+    return folder, missing
+
+
+def cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The cache's whole snapshot folder of a repo (weights included), without the network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except Exception:  # not installed, nothing cached, a revision never resolved here
+        return None
+
+
 def fetch_repo(repo: HubRepo, log: Log) -> Path:
     """The local snapshot folder holding `repo`'s small files; fetched when missing.
 
@@ -164,11 +221,10 @@ def fetch_repo(repo: HubRepo, log: Log) -> Path:
 
     offline = bool(constants.HF_HUB_OFFLINE)  # what huggingface_hub read from HF_HUB_OFFLINE
     where = f"{constants.ENDPOINT}/{repo.repo}" + (f"@{repo.revision}" if repo.revision else "")
-    kwargs = {"revision": repo.revision, "allow_patterns": list(SMALL_FILES),
-              "ignore_patterns": list(WEIGHTS)}  # fmt: skip
+    kwargs = _snapshot_kwargs(repo)
     if not offline:
         try:  # the plan, one line per file; the download below shows the hub's own bars
-            plan = snapshot_download(repo.repo, dry_run=True, tqdm_class=_quiet_tqdm(), **kwargs)
+            plan = hub_plan(repo)
         except Exception:  # unreachable, unknown repo, old hub: the real call decides
             plan = []
         todo = [f for f in plan if f.will_download]
@@ -185,7 +241,7 @@ def fetch_repo(repo: HubRepo, log: Log) -> Path:
             [
                 f"{repo.label}: its config/tokenizer files are not in the Hugging Face cache "
                 f"({cache}) and cannot be fetched from {constants.ENDPOINT}: "
-                f"{_why(error, offline)}",
+                f"{why_unusable(error, offline)}",
                 "pre-fetch them where the hub can be reached, into the volume mounted at "
                 f"{constants.HF_HOME} (same HF_HOME): `{commands[0]}` (this image) or "
                 f"`{commands[1]}`",

@@ -76,6 +76,23 @@ def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
     return settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf) and is_gguf
 
 
+def gguf_check_config(
+    namespace: argparse.Namespace, fetched: Mapping[str, Path] | None = None
+) -> str:
+    """The HF config the GGUF check reads: --hf-config-path (its fetched or cached copy
+    for a hub id), else the GGUF's own folder."""
+    model = namespace.model or ""
+    hf_config = namespace.hf_config_path or os.path.dirname(os.path.abspath(model))
+    local = (fetched or {}).get(hf_config)
+    return str(local) if local else resolve_hf_config(hf_config)
+
+
+def layout_required(env: Mapping[str, str]) -> bool:
+    """Only an explicit SERVE_PREFLIGHT_GGUF makes "no tensor layout known" a failure:
+    the default check covers GLM-5/DeepSeek, and other architectures load without it."""
+    return bool(env.get(settings.PREFLIGHT_GGUF))
+
+
 def gguf_preflight(
     env: Mapping[str, str],
     namespace: argparse.Namespace,
@@ -88,10 +105,8 @@ def gguf_preflight(
     model = namespace.model or ""
     if not wants_gguf_check(env, model):
         return 0
-    hf_config = namespace.hf_config_path or os.path.dirname(os.path.abspath(model))
-    local = (fetched or {}).get(hf_config)
-    code = run_gguf_check(model, str(local) if local else resolve_hf_config(hf_config))
-    if code == GGUF_NO_LAYOUT and not env.get(settings.PREFLIGHT_GGUF):
+    code = run_gguf_check(model, gguf_check_config(namespace, fetched))
+    if code == GGUF_NO_LAYOUT and not layout_required(env):
         # On by default for every .gguf, but only GLM-5/DeepSeek layouts are
         # known: other architectures (e.g. Gemma) load without the preflight.
         print(

@@ -17,8 +17,8 @@ from entrypoint.statusfile import pid_alive, process_start, read_json, read_json
 FUTURE_SLACK = 2.0
 
 USAGE = (
-    "usage: frontier-serve {probe|status} [--ready-file PATH] [--env-file FILE]... "
-    "[--max-age SECONDS]"
+    "usage: frontier-serve probe [--ready-file PATH] [--env-file FILE]... [--max-age SECONDS]\n"
+    "       frontier-serve status [--ready-file PATH] [--env-file FILE]... [--json]"
 )
 
 
@@ -81,15 +81,29 @@ def status_text(ready_file: str, now: float | None = None) -> tuple[int, str]:
     return 0, json.dumps(status, indent=2, sort_keys=True)
 
 
+def status_summary(ready_file: str, now: float | None = None) -> tuple[int, str]:
+    """(exit code, a few lines for a person) of the status file."""
+    from entrypoint.status_summary import summarize
+
+    now = time.time() if now is None else now
+    status, why = read_json_or_why(status_path_for(ready_file))
+    if status is None:
+        return 1, f"unknown: {why}"
+    return 0, summarize(status, now)
+
+
 def main(argv: list[str]) -> int:
-    """Parse `probe|status [--ready-file P] [--env-file F]... [--max-age S]` by hand
-    (argparse costs too much). --env-file: the files `serve --env-file` was given, so
-    a SERVE_READY_FILE set only there is found too; --ready-file wins over both."""
+    """Parse `probe|status [--ready-file P] [--env-file F]... [--max-age S] [--json]` by
+    hand (argparse costs too much). --env-file: the files `serve --env-file` was given,
+    so a SERVE_READY_FILE set only there is found too; --ready-file wins over both."""
     command, rest = argv[0], argv[1:]
-    ready_file, env_files, max_age = None, [], None
+    ready_file, env_files, max_age, as_json = None, [], None, False
     try:
         while rest:
             opt, *rest = rest
+            if opt == "--json" and command == "status":
+                as_json = True
+                continue
             key, eq, value = opt.partition("=")
             if not eq:
                 if not rest:
@@ -119,6 +133,9 @@ def main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"frontier-serve: error: {exc}", file=sys.stderr)
             return 2
-    code, text = probe(ready_file, max_age) if command == "probe" else status_text(ready_file)
+    if command == "probe":
+        code, text = probe(ready_file, max_age)
+    else:
+        code, text = status_text(ready_file) if as_json else status_summary(ready_file)
     print(text)
     return code

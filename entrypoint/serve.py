@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import gpus, load_progress, settings
+from entrypoint import gpus, load_progress, settings, startup_history, vllm_logging
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
@@ -29,8 +30,15 @@ from entrypoint.preflight import (
     listen_host,
 )
 from entrypoint.render import Rendered, render
-from entrypoint.statusfile import remove_quietly, write_json_atomic
+from entrypoint.statusfile import remove_quietly, write_atomic, write_json_atomic
+from entrypoint.steps import PREFLIGHT, Steps
+from entrypoint.steps import VALIDATING as VALIDATING_STEP
 from entrypoint.watcher import EXITED, VALIDATING, Tracker, WatchConfig
+
+# vLLM's own switches for its logging setup (vllm/envs.py); read, never set, except
+# VLLM_LOGGING_CONFIG_PATH, which serve points at its capture config.
+VLLM_LOGGING_CONFIG_PATH = "VLLM_LOGGING_CONFIG_PATH"
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
 def _write_start_status(env: Mapping[str, str], phase: str, **fields: object) -> None:
@@ -44,13 +52,16 @@ def _write_start_status(env: Mapping[str, str], phase: str, **fields: object) ->
             )
 
 
-def mark_validating(env: Mapping[str, str]) -> None:
+def mark_validating(env: Mapping[str, str]) -> Steps:
     """The first step of every start: a ready file left by an earlier run (Kubernetes
     keeps /run/serve across container restarts) goes before validation begins, and
-    the status says what is happening."""
+    the status says what is happening. Returns the start's steps so far."""
     with contextlib.suppress(OSError):
         remove_quietly(settings.ready_file_from(env))
-    _write_start_status(env, VALIDATING)
+    steps = Steps()
+    steps.enter(VALIDATING_STEP, time.time())
+    _write_start_status(env, VALIDATING, step=VALIDATING_STEP, steps=steps.entries)
+    return steps
 
 
 def mark_refused(env: Mapping[str, str], problems: list[str], code: int) -> None:
@@ -93,6 +104,30 @@ def model_hints(model: str | None) -> list[str]:
     return []
 
 
+def log_capture(env: Mapping[str, str], namespace: argparse.Namespace) -> tuple[str | None, str]:
+    """(vLLM's log level, "") when serve may hand vLLM its capture config, else (None, why).
+
+    A logging config of the user's own wins: vLLM reads one config only."""
+    if not settings.flag(env, settings.LOG_CAPTURE, default=True):
+        return None, f"{settings.LOG_CAPTURE}=false"
+    if os.environ.get(VLLM_LOGGING_CONFIG_PATH) or env.get(VLLM_LOGGING_CONFIG_PATH):
+        return None, f"{VLLM_LOGGING_CONFIG_PATH} is set: vLLM uses that logging config"
+    if (os.environ.get("VLLM_CONFIGURE_LOGGING") or env.get("VLLM_CONFIGURE_LOGGING")) == "0":
+        return None, "VLLM_CONFIGURE_LOGGING=0: vLLM configures no logging"
+    if getattr(namespace, "log_config_file", None) or getattr(namespace, "logging_config", None):
+        return None, "a logging config is given in vLLM's arguments"
+    level = str(getattr(namespace, "log_level", None) or env.get("VLLM_LOGGING_LEVEL")
+                or os.environ.get("VLLM_LOGGING_LEVEL") or "INFO").upper()
+    if level not in LOG_LEVELS:
+        return None, f"unknown vLLM log level {level!r}"
+    return level, ""
+
+
+def capture_files(status_file: str) -> tuple[str, str]:
+    """(the capture file, vLLM's logging config) of one status file."""
+    return status_file + ".log.jsonl", status_file + ".logging.json"
+
+
 def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
     watch = settings.watch_settings(env)
     if getattr(rendered.namespace, "uds", None):
@@ -100,6 +135,7 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
             f"SERVE_UDS: the watcher checks health over TCP; set {settings.WATCHER}=false "
             "to serve on a unix socket"
         )
+    level, capture_off = log_capture(env, rendered.namespace)
     return WatchConfig(
         pid=os.getpid(),  # vLLM keeps this pid after the exec
         base_url=health_url(rendered.namespace),
@@ -112,11 +148,22 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         stale_after=watch.stale_after,
         hints=model_hints(rendered.namespace.model),
         load_progress_dir=load_progress.folder_for(watch.status_file),
+        log_file=capture_files(watch.status_file)[0] if level else None,
+        log_level=level or "INFO",
+        log_capture_off=capture_off or None,
+        cuda_graphs=gpus.vllm_is_cuda_build() and not rendered.namespace.enforce_eager,
+        wedge_seconds=watch.wedge_seconds,
+        generation_check_interval=watch.generation_check_interval,
+        generation_check_timeout=watch.generation_check_timeout,
+        history_file=startup_history.path_for(watch.status_file),
     )
 
 
-def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
+def prepare(
+    env: Mapping[str, str], steps: Steps | None = None
+) -> tuple[Rendered, WatchConfig | None, int]:
     """Everything before the exec that can fail: (rendered, watcher config, gguf exit code)."""
+    steps = Steps() if steps is None else steps
     gpus.require_gpu()  # before the GGUF config extraction below, which can take minutes
     env = with_gguf_config(env)  # bare .gguf: config + tokenizer from the file (gguf_config.py)
     rendered = render(env)
@@ -145,8 +192,13 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
     if problems:
         raise ConfigError(problems)
     # Hub-named config/tokenizer: after the cheap checks, since it may download.
+    steps.enter(PREFLIGHT, time.time())
+    _write_start_status(env, VALIDATING, step=PREFLIGHT, steps=steps.entries)
     fetched = fetch_all(repos_from_namespace(rendered.namespace))
-    return rendered, config, gguf_preflight(env, rendered.namespace, fetched)
+    code = gguf_preflight(env, rendered.namespace, fetched)
+    if config is not None:
+        config.steps = steps.entries
+    return rendered, config, code
 
 
 def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
@@ -158,6 +210,11 @@ def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
             print(f"frontier-serve: warning: no load progress in the status: {why}",
                   file=sys.stderr)
             config.load_progress_dir = None
+    if config.log_file:  # and its log
+        why = start_log_capture(config)
+        if why is not None:
+            print(f"frontier-serve: warning: vLLM's log is not captured: {why}", file=sys.stderr)
+            config.log_file, config.log_capture_off = None, why
     Tracker(config, extra={"watcher_pid": None}).write()
     return subprocess.Popen(
         [sys.executable, "-m", "entrypoint.watcher", config.to_json()],
@@ -165,6 +222,21 @@ def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
         start_new_session=True,  # keep terminal Ctrl-C for vLLM alone
         close_fds=True,
     )
+
+
+def start_log_capture(config: WatchConfig) -> str | None:
+    """An empty capture file and vLLM's logging config pointing at it, named to vLLM
+    through VLLM_LOGGING_CONFIG_PATH. Returns why that failed, or None."""
+    assert config.log_file is not None
+    log_config = capture_files(config.status_file)[1]
+    try:
+        write_atomic(config.log_file, "")
+        text = json.dumps(vllm_logging.logging_config(config.log_file, config.log_level))
+        write_atomic(log_config, text)
+    except OSError as exc:
+        return f"{exc.filename or config.log_file}: {exc.strerror or exc}"
+    os.environ[VLLM_LOGGING_CONFIG_PATH] = log_config
+    return None
 
 
 def exec_vllm(rendered: Rendered, config: WatchConfig | None) -> int:

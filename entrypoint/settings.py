@@ -36,6 +36,10 @@ HEALTH_FAILURES = "SERVE_HEALTH_FAILURES"
 STALE_AFTER = "SERVE_STALE_AFTER"
 WATCHER = "SERVE_WATCHER"
 CHECK_PORT = "SERVE_CHECK_PORT"
+LOG_CAPTURE = "SERVE_LOG_CAPTURE"
+WEDGE_SECONDS = "SERVE_WEDGE_SECONDS"
+GENERATION_CHECK_INTERVAL = "SERVE_GENERATION_CHECK_INTERVAL"
+GENERATION_CHECK_TIMEOUT = "SERVE_GENERATION_CHECK_TIMEOUT"
 
 # What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
@@ -53,7 +57,22 @@ RESERVED: dict[str, str] = {
     STALE_AFTER: "heartbeat age in seconds after which `probe` fails (default 15)",
     WATCHER: "start the readiness watcher (default true)",
     CHECK_PORT: "refuse to start when the HTTP port is already taken (default true)",
+    LOG_CAPTURE: "copy vLLM's log records to a file beside the status, for its steps and "
+    "its last error (default true)",
+    WEDGE_SECONDS: "requests running with no engine progress for this long make a ready "
+    "server unhealthy (default 300; 0: off)",
+    GENERATION_CHECK_INTERVAL: "ask an idle ready server for one token every this many "
+    "seconds (default 0: off)",
+    GENERATION_CHECK_TIMEOUT: "seconds that token may take before the server counts as "
+    "unhealthy (default 60)",
 }
+
+# The wedge watchdog's default. The longest stretch a healthy engine goes without moving
+# any /metrics counter while requests run is its first use of a new shape (Triton and
+# DeepGEMM JIT-compile and autotune then, tens of seconds on a cold cache) plus one
+# prefill chunk; 300 s is several times that, and still restarts a stalled GLM-5
+# (vLLM issue 51921) within minutes instead of never.
+DEFAULT_WEDGE_SECONDS = 300.0
 
 DEFAULT_READY_FILE = "/run/serve/ready"
 DEFAULT_EXEC_MODULE = "vllm.entrypoints.openai.api_server"
@@ -123,6 +142,9 @@ class WatchSettings:
         timeout: float,
         failures: int,
         stale_after: float,
+        wedge_seconds: float = DEFAULT_WEDGE_SECONDS,
+        generation_check_interval: float = 0.0,
+        generation_check_timeout: float = 60.0,
     ) -> None:
         self.ready_file = ready_file
         self.status_file = status_file
@@ -130,6 +152,9 @@ class WatchSettings:
         self.timeout = timeout
         self.failures = failures
         self.stale_after = stale_after
+        self.wedge_seconds = wedge_seconds
+        self.generation_check_interval = generation_check_interval
+        self.generation_check_timeout = generation_check_timeout
 
 
 def ready_file_from(env: Mapping[str, str] | None = None) -> str:
@@ -157,6 +182,9 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
         timeout=read(_number, HEALTH_TIMEOUT, 2.0, 0.1, 600.0),
         failures=read(_count, HEALTH_FAILURES, 3, 1, 1000),
         stale_after=read(_number, STALE_AFTER, 15.0, 1.0, 86400.0),
+        wedge_seconds=read(_number, WEDGE_SECONDS, DEFAULT_WEDGE_SECONDS, 0.0, 86400.0),
+        generation_check_interval=read(_number, GENERATION_CHECK_INTERVAL, 0.0, 0.0, 86400.0),
+        generation_check_timeout=read(_number, GENERATION_CHECK_TIMEOUT, 60.0, 1.0, 3600.0),
     )
     if os.path.abspath(settings.ready_file) == os.path.abspath(settings.status_file):
         problems.append(
@@ -170,6 +198,16 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
             f"{STALE_AFTER}={settings.stale_after:g}: must exceed {HEALTH_INTERVAL} + "
             f"2 x {HEALTH_TIMEOUT} ({heartbeat_gap:g} s), or a healthy server's heartbeat "
             "goes stale between two checks"
+        )
+    if not problems and 0 < settings.wedge_seconds < settings.interval:
+        problems.append(
+            f"{WEDGE_SECONDS}={settings.wedge_seconds:g}: must be 0 (off) or at least "
+            f"{HEALTH_INTERVAL} ({settings.interval:g} s): /metrics is read once per check"
+        )
+    if not problems and 0 < settings.generation_check_interval < settings.interval:
+        problems.append(
+            f"{GENERATION_CHECK_INTERVAL}={settings.generation_check_interval:g}: must be 0 "
+            f"(off) or at least {HEALTH_INTERVAL} ({settings.interval:g} s)"
         )
     if problems:
         raise SettingError(problems)

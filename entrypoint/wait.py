@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from entrypoint import status_summary
 from entrypoint.probe import probe
 from entrypoint.settings import status_path_for
 from entrypoint.statusfile import pid_alive, read_json
@@ -24,24 +25,24 @@ DEAD_AFTER = 30.0
 
 
 def describe(status: dict) -> str:
-    """One line for a status: the phase, and the weights loaded while starting."""
+    """One line for a status: the phase and step, the weights loaded while starting,
+    and the ETA the last start gives."""
     phase = str(status.get("phase", "unknown"))
-    loading = status.get("loading")
-    if isinstance(loading, dict) and loading.get("total_bytes"):
-        done, total = loading.get("done_bytes", 0), loading["total_bytes"]
-        ranks = loading.get("ranks", 1)
-        return (f"{phase}: loading weights {done / 2**30:.2f} of {total / 2**30:.2f} GiB "
-                f"({int(loading.get('percent', 0))}%, {ranks} rank(s))")
-    if phase == "starting":
-        return "starting: vLLM is loading (no weight progress reported yet)"
-    return phase
+    line = status_summary.step_line(status)
+    if line == "starting":
+        line = "starting: vLLM is loading (no step reported yet)"
+    eta = status_summary.eta_line(status)
+    if eta and phase in ("validating", "starting") and "loading" not in status:
+        line += f"; {eta}"
+    return line
 
 
 def _progress_key(line: str, status: dict) -> object:
-    """Changes that deserve a new line: the phase, and loading in 10 % steps."""
+    """Changes that deserve a new line: the phase, the step, and loading in 10 % steps
+    (not the seconds spent in a step, which change every poll)."""
     loading = status.get("loading")
     percent = int(loading.get("percent", 0)) // 10 if isinstance(loading, dict) else None
-    return (status.get("phase"), percent, line if percent is None else None)
+    return (status.get("phase"), status.get("step"), status.get("detail"), percent)
 
 
 def finished(status: dict, now: float) -> str | None:
@@ -70,7 +71,7 @@ def wait(
     """Poll until ready (0), finished without readiness (1) or timed out (124)."""
     start = clock()
     last_key: object = None
-    last_text, last_phase, open_line = "", None, False
+    last_text, last_step, open_line = "", None, False
 
     def emit(line: str, in_place: bool = False) -> None:
         nonlocal open_line
@@ -92,13 +93,12 @@ def wait(
         status = read_json(status_path_for(ready_file)) or {}
         text = describe(status) if status else "waiting for the status file (serve not started)"
         key = _progress_key(text, status)
-        phase = status.get("phase")
-        if live and text != last_text:
-            same_load = phase == last_phase and "loading" in status
-            emit(f"[{clock() - start:5.0f} s] {text}", in_place=same_load)
+        step = (status.get("phase"), status.get("step"))
+        if live and text != last_text:  # progress within a step rewrites its line
+            emit(f"[{clock() - start:5.0f} s] {text}", in_place=step == last_step)
         elif not live and key != last_key:
             emit(f"[{clock() - start:5.0f} s] {text}")
-        last_key, last_text, last_phase = key, text, phase
+        last_key, last_text, last_step = key, text, step
         why = finished(status, time.time()) if status else None
         if why:
             emit(f"not ready: {why}")

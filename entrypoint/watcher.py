@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import load_progress
+from entrypoint import load_progress, metrics, startup_history
+from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
@@ -31,6 +32,14 @@ from entrypoint.statusfile import (
     write_json_atomic,
     write_ready,
     zombie_exit_status,
+)
+from entrypoint.steps import (
+    CAPTURING,
+    KV_CACHE,
+    SERVING,
+    STARTING_VLLM,
+    WARMING_UP,
+    Steps,
 )
 
 # validating: `serve` checks the configuration (no vLLM yet); the rest are the watcher's.
@@ -54,6 +63,21 @@ class WatchConfig:
     hints: list[str] = field(default_factory=list)
     # Where the plugin's loading ranks report bytes loaded (entrypoint/load_progress.py).
     load_progress_dir: str | None = None
+    # The steps `serve` went through before the exec (validating, preflight).
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM's log as JSON lines (entrypoint/vllm_logging.py), or None when not captured;
+    # log_capture_off says why not.
+    log_file: str | None = None
+    log_level: str = "INFO"
+    log_capture_off: str | None = None
+    # CUDA graphs follow the KV cache (a CUDA build without --enforce-eager).
+    cuda_graphs: bool = False
+    # Requests running and no engine progress for this long: unhealthy (0: off).
+    wedge_seconds: float = 0.0
+    # An idle server is asked for one token every this many seconds (0: off).
+    generation_check_interval: float = 0.0
+    generation_check_timeout: float = 60.0
+    history_file: str | None = None
 
     @classmethod
     def from_json(cls, text: str) -> WatchConfig:
@@ -79,20 +103,60 @@ class Tracker:
     exit_code: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     pid_start: str | None = field(init=False, default=None)
+    steps: Steps = field(init=False)
+    log: LogTail | None = field(init=False, default=None)
+    unhealthy_because: str | None = None  # the watchdog's or the generation check's finding
+    speculative: dict[str, Any] | None = None
+    loading_start: tuple[float, int] | None = None  # (time, bytes) of the first progress seen
 
     def __post_init__(self) -> None:
         self.since = self.clock()
         self.pid_start = process_start(self.config.pid)  # fixed for the pid's lifetime
+        self.steps = Steps(self.config.steps)
+        self.steps.enter(STARTING_VLLM, self.since)
+        if self.config.log_file:
+            self.log = LogTail(self.config.log_file)
+
+    def read_log(self) -> None:
+        """vLLM's new log records: its milestones become steps."""
+        if self.log is None:
+            return
+        for record in self.log.read():
+            message = str(record.get("msg", ""))
+            found = milestone(message)
+            if found is None:
+                continue
+            step, detail = found
+            at = float(record.get("t") or self.clock())
+            if step is None:
+                if detail:
+                    self.steps.note(detail)
+            elif self.phase != READY:
+                self.steps.enter(step, at, detail)
+                if step == KV_CACHE and WARM_UP_FOLLOWS.search(message):
+                    after = CAPTURING if self.config.cuda_graphs else WARMING_UP
+                    self.steps.enter(after, at)
 
     def _enter(self, phase: str, reason: str | None) -> None:
         if phase != self.phase:
             self.phase, self.since = phase, self.clock()
         self.reason = reason
 
-    def record(self, error: str | None) -> None:
-        """Apply one health-check result (None means both endpoints answered)."""
-        if error is None:
+    def record(self, error: str | None, wedged: str | None = None) -> None:
+        """Apply one health-check result (None means both endpoints answered), and what
+        the watchdog found (`wedged`, only looked for while the endpoints answer)."""
+        if error is None and wedged is not None:
             self.failures_in_row = 0
+            self.unhealthy_because = wedged
+            if self.ever_ready:
+                if self.phase != UNHEALTHY:
+                    self.last_error, self.last_error_at = wedged, self.clock()
+                self._enter(UNHEALTHY, wedged)
+        elif error is None:
+            self.failures_in_row = 0
+            self.unhealthy_because = None
+            if not self.ever_ready:
+                self.became_ready()
             self.ever_ready = True
             self._enter(READY, None)
         else:
@@ -106,10 +170,24 @@ class Tracker:
                 )
         self.write()
 
+    def became_ready(self) -> None:
+        now = self.clock()
+        self.steps.enter(SERVING, now)
+        if self.config.history_file:
+            try:
+                startup_history.save(self.config.history_file, self.steps.durations(now),
+                                     self.config.argv_digest, now)
+            except OSError as exc:  # advice only: the next start just has no ETA
+                self.extra["history_error"] = f"{self.config.history_file}: {exc.strerror or exc}"
+
     def exited(self, wait_status: int | None) -> None:
         code, words = describe_wait_status(wait_status)
         when = "after it was ready" if self.ever_ready else "before it became ready"
         reason = f"vLLM {words} {when}"
+        self.read_log()  # its last words are in the file by now
+        error = self.log.error if self.log else None
+        if error:
+            reason += f": {error}"
         if self.config.hints and not self.ever_ready:
             reason += f" ({'; '.join(self.config.hints)})"
         self.finish(code, reason)
@@ -124,10 +202,38 @@ class Tracker:
         self._enter(UNHEALTHY, why)
         self.write()
 
+    def _loading(self) -> dict[str, Any] | None:
+        """Bytes loaded so far over all ranks, with an ETA from the rate since the first."""
+        if not self.config.load_progress_dir or self.phase == READY:
+            return None
+        loading = load_progress.summary(self.config.load_progress_dir)
+        if loading is None:
+            return None
+        now, done, total = self.clock(), loading["done_bytes"], loading["total_bytes"]
+        if self.loading_start is None:
+            self.loading_start = (now, done)
+        began, first = self.loading_start
+        if done > first and now > began and done < total:
+            loading["eta_s"] = round((total - done) / ((done - first) / (now - began)), 1)
+        return loading
+
     def status(self) -> dict[str, Any]:
-        loading = None
-        if self.config.load_progress_dir and self.phase in (STARTING, UNHEALTHY, EXITED):
-            loading = load_progress.summary(self.config.load_progress_dir)
+        loading = self._loading()
+        now = self.clock()
+        log_part: dict[str, Any] = {}
+        if self.log is not None:
+            log_part["error"] = self.log.error
+            if self.phase in (EXITED, UNHEALTHY):
+                log_part["log_tail"] = list(self.log.lines)
+        elif self.config.log_capture_off:
+            log_part["log_capture"] = f"off: {self.config.log_capture_off}"
+        if self.config.history_file and not self.ever_ready and self.phase != EXITED:
+            started = self.steps.entries[0]["at"] if self.steps.entries else None
+            eta = startup_history.estimate(startup_history.load(self.config.history_file),
+                                           started, now, self.config.argv_digest)
+            if eta:
+                log_part["eta"] = eta
+        current = self.steps.entries[-1] if self.steps.entries else {}
         return {
             "phase": self.phase,
             "since": self.since,
@@ -144,7 +250,12 @@ class Tracker:
             "reason": self.reason,
             "exit_code": self.exit_code,
             "hints": self.config.hints,
+            "step": current.get("step"),
+            "detail": current.get("detail"),
+            "steps": self.steps.durations(now),
             **({"loading": loading} if loading else {}),
+            **({"speculative": self.speculative} if self.speculative else {}),
+            **log_part,
             **self.extra,
         }
 
@@ -182,6 +293,79 @@ def check_health(base_url: str, timeout: float, api_key: str | None) -> str | No
             detail = getattr(exc, "reason", exc)
             return f"GET {path}: {detail}"
     return None
+
+
+def _get(base_url: str, path: str, timeout: float, api_key: str | None,
+         body: dict[str, Any] | None = None) -> bytes:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(base_url + path, data=data, headers=headers)
+    with _opener().open(request, timeout=timeout) as response:
+        return response.read()
+
+
+def scrape_metrics(base_url: str, timeout: float, api_key: str | None) -> dict[str, float] | None:
+    """vLLM's /metrics as {name: value}, or None when it does not answer."""
+    try:
+        text = _get(base_url, "/metrics", timeout, api_key).decode("utf-8", "replace")
+        return metrics.parse(text)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+class GenerationCheck:
+    """One token from an idle server every `interval` seconds (off at 0).
+
+    /metrics cannot tell an idle engine that would take no work from one that has
+    none; a real request can. It runs in a thread so the heartbeat goes on meanwhile.
+    """
+
+    def __init__(self, config: WatchConfig, api_key: str | None) -> None:
+        self.config, self.api_key = config, api_key
+        self.last = time.time()
+        self.thread: threading.Thread | None = None
+        self.started = 0.0
+        self.failure: str | None = None
+
+    def tick(self, idle: bool, now: float) -> str | None:
+        """Start a check when one is due; the last finished check's failure, or None."""
+        interval = self.config.generation_check_interval
+        timeout = self.config.generation_check_timeout
+        if interval <= 0:
+            return None
+        if self.thread is not None and self.thread.is_alive():
+            if now - self.started > timeout:
+                return f"generation check: no token within {timeout:g} s"
+            return self.failure
+        if idle and now - self.last >= interval:
+            self.last = self.started = now
+            self.thread = threading.Thread(target=self._check, name="generation-check",
+                                           daemon=True)
+            self.thread.start()
+        return self.failure
+
+    def _check(self) -> None:
+        base, timeout = self.config.base_url, self.config.generation_check_timeout
+        try:
+            models = json.loads(_get(base, "/v1/models", timeout, self.api_key))
+            model = models["data"][0]["id"]
+            body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+            answer = json.loads(_get(base, "/v1/completions", timeout, self.api_key, body))
+            if answer["usage"]["completion_tokens"] < 1:
+                raise ValueError("the answer holds no token")
+            self.failure = None
+        except urllib.error.HTTPError as exc:
+            self.failure = f"generation check: HTTP {exc.code}"
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError,
+                TypeError) as exc:
+            detail = getattr(exc, "reason", exc)
+            if isinstance(detail, TimeoutError):
+                self.failure = f"generation check: no token within {timeout:g} s"
+            else:
+                self.failure = f"generation check: {detail}"
 
 
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
@@ -227,6 +411,8 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     waiter = threading.Thread(target=on_exit, name="exit-waiter", daemon=True)
     waiter.start()
+    wedge = metrics.WedgeWatch(config.wedge_seconds) if config.wedge_seconds > 0 else None
+    generation = GenerationCheck(config, api_key)
     try:
         with lock:
             tracker.write()
@@ -234,11 +420,21 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
             below = descendants(config.pid, exclude=os.getpid())
             with lock:
                 tree.update(below)
+                tracker.read_log()
             error = check_health(config.base_url, config.timeout, api_key)
+            trouble = None
+            if error is None:
+                sample = scrape_metrics(config.base_url, config.timeout, api_key)
+                if sample is not None:
+                    now = time.time()
+                    tracker.speculative = metrics.speculative(sample)
+                    trouble = wedge.update(sample, now) if wedge else None
+                    idle = not sample.get(metrics.RUNNING) and not sample.get(metrics.WAITING)
+                    trouble = trouble or generation.tick(idle, now)
             with lock:
                 if done.is_set():
                     break
-                tracker.record(error)
+                tracker.record(error, trouble)
             done.wait(config.interval)
     except SystemExit:
         with lock:

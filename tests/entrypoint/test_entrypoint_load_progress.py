@@ -56,3 +56,24 @@ def test_loading_ranks_show_in_the_status_until_ready(tmp_path: Path,
     assert loading["per_rank"]["0"]["percent"] == 50
     tracker.record(None)
     assert "loading" not in status_of(tracker)
+
+
+def test_the_plugins_last_line_is_the_weights_loaded_milestone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the GGUF path vLLM logs no "Loading weights took"; the plugin's own last
+    progress line of a rank marks the step instead."""
+    from entrypoint import steps
+    from entrypoint.log_capture import milestone
+
+    monkeypatch.delenv(load_progress.ENV, raising=False)
+    monkeypatch.setattr(gguf_tensors, "_rank", lambda: 3)
+    ticks = iter([0.0, 2.0])
+    with caplog.at_level("INFO", logger="vllm.gguf_plugin.load"):
+        progress = gguf_tensors.LoadProgress(3 * 2**30, files=1, clock=lambda: next(ticks))
+        progress.finish()
+    last = caplog.records[-1].getMessage()
+    assert last == "GGUF weights rank 3: 3.00 GiB of 3.00 GiB (100%), 1.50 GiB/s, done"
+    assert milestone(last) == (steps.LOADED, "3.00 GiB at 1.50 GiB/s (rank 3)")
+    midway = "GGUF weights rank 3: 1.20 GiB of 3.00 GiB (40%), 0.60 GiB/s, 3 s left"
+    assert milestone(midway) is None

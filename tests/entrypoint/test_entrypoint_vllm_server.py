@@ -1,12 +1,15 @@
 """`serve` against a real vLLM on CPU, with the tiny model built by `fixtures.tiny_model`.
 
-Three vLLM starts in all: one shared server (ready file, completion, probe, then a
-clean SIGTERM), one that is killed with SIGKILL, and one whose model does not exist.
+Four vLLM starts in all: one shared server (ready file, steps, status, completion,
+probe, then a clean SIGTERM), one that is killed with SIGKILL, one whose model does
+not exist and one whose config vLLM cannot build.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint import steps
 from entrypoint.statusfile import read_ready
 from tests.serving import (
     START_TIMEOUT,
@@ -65,6 +69,48 @@ def test_wait_printed_the_phases_and_returned_0_at_ready(server: Served) -> None
     assert lines[-1].startswith("ready after ") and f"pid {server.proc.pid}" in lines[-1]
     assert any("starting" in line or "validating" in line or "status file" in line
                for line in lines[:-1]), out
+
+
+def test_steps_in_order_with_vllms_details(server: Served) -> None:
+    """The status names each step of the start, from serve's checks and vLLM's log."""
+    status = status_json(server)
+    names = [s["step"] for s in status["steps"]]
+    print("\n" + "\n".join(f"{s['step']:22} {s['seconds']:7.2f} s  {s['detail'] or ''}"
+                            for s in status["steps"]))
+    assert names == [steps.VALIDATING, steps.PREFLIGHT, steps.STARTING_VLLM,
+                     steps.STARTING_ENGINE, steps.LOADING, steps.LOADED, steps.KV_CACHE,
+                     steps.WARMING_UP, steps.API_SERVER, steps.SERVING]
+    at = [s["at"] for s in status["steps"]]
+    assert at == sorted(at)
+    details = {s["step"]: s["detail"] or "" for s in status["steps"]}
+    assert details[steps.STARTING_ENGINE] == "vLLM 0.32.0"
+    assert details[steps.KV_CACHE].endswith(" tokens")
+    assert details[steps.API_SERVER] == f"listening on http://127.0.0.1:{server.port}"
+    assert status["error"] is None and "log_tail" not in status  # healthy: no tail
+    # The history the next start's ETA comes from: the same steps, up to readiness.
+    history = json.loads((server.folder / "startup-history.json").read_text())
+    assert [s["step"] for s in history["steps"]] == names
+    assert history["argv_digest"] == status["argv_digest"]
+    assert 0 < history["total_s"] <= START_TIMEOUT
+    # wait printed a line per step it saw (in order; a step shorter than its 0.5 s poll
+    # may pass unseen), and the step's details.
+    _, out = server.wait_output  # type: ignore[attr-defined]
+    printed = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[")]
+    seen = [name for line in printed for name in names if line.startswith(f"starting: {name}")]
+    assert seen == sorted(seen, key=names.index), out  # a step's detail may add a line
+    assert {steps.STARTING_VLLM, steps.API_SERVER} <= set(seen), out
+    assert f"starting: {steps.STARTING_ENGINE} (vLLM 0.32.0)" in printed, out
+
+
+def test_status_summary_and_json(server: Served) -> None:
+    summary = run_entrypoint("status", "--ready-file", str(server.ready))
+    assert summary.returncode == 0, summary.stderr
+    lines = summary.stdout.splitlines()
+    assert lines[0] == "ready: serving" or lines[0].startswith("ready: serving, "), lines
+    assert f"vLLM pid {server.proc.pid} at http://127.0.0.1:{server.port}" in lines[1]
+    assert any(line.startswith("  steps: validating ") for line in lines), lines
+    as_json = run_entrypoint("status", "--json", "--ready-file", str(server.ready))
+    assert json.loads(as_json.stdout)["phase"] == "ready"
 
 
 def test_completion_over_loopback(server: Served, tiny_model: str) -> None:
@@ -124,15 +170,49 @@ def test_missing_model_never_ready(tmp_path: Path) -> None:
         print(f"\n{out}wait ended {after:.1f} s after vLLM")
         assert waiting.returncode == 1 and after < 2.0, out
         assert "not ready: vLLM exited with code" in out and "does not exist" in out
+        assert status_json(served)["error"] is not None  # vLLM's own words, from its log
         wait_for(lambda: status_json(served).get("phase") == "exited", 10, "status exited")
         status = status_json(served)
         assert not served.ready.exists() and status["ever_ready"] is False
         assert status["exit_code"] == served.proc.wait(timeout=10) != 0
         assert status["reason"] == (
-            f"vLLM exited with code {status['exit_code']} before it became ready "
-            f"(model path {missing} does not exist)"
+            f"vLLM exited with code {status['exit_code']} before it became ready: "
+            f"{status['error']} (model path {missing} does not exist)"
         )
         assert "does not exist" in served.log.read_text()  # the warning serve printed
+    finally:
+        waiting.kill()
+        stop(served)
+
+
+def test_broken_config_wait_prints_vllms_exception(tiny_model: str, tmp_path: Path) -> None:
+    """A model vLLM cannot build: wait ends within 2 s of vLLM with vLLM's root cause
+    (raised in a worker process, logged there), and the status keeps vLLM's last lines."""
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["num_attention_heads"] = config["num_key_value_heads"] + 1  # not a multiple
+    (broken / "config.json").write_text(json.dumps(config))
+    served = start_serve(tmp_path / "broken", SERVE_MODEL=str(broken))
+    waiting = start_wait(served, START_TIMEOUT)
+    try:
+        wait_for(lambda: gone(served.proc.pid), START_TIMEOUT, "vLLM gives up")
+        exited = time.monotonic()
+        out, _ = waiting.communicate(timeout=30)
+        after = time.monotonic() - exited
+        print(f"\n{out}wait ended {after:.1f} s after vLLM")
+        cause = (f"AssertionError: num_heads ({config['num_attention_heads']}) is not "
+                 f"divisible by num_kv_heads ({config['num_key_value_heads']})")
+        assert waiting.returncode == 1 and after < 2.0, out
+        assert out.splitlines()[-1].startswith("not ready: vLLM exited with code 1 before it "
+                                              f"became ready: {cause}"), out
+        wait_for(lambda: status_json(served).get("phase") == "exited", 10, "status exited")
+        status = status_json(served)
+        assert status["error"] == cause
+        assert len(status["log_tail"]) == 30
+        assert status["log_tail"][-1].startswith("RuntimeError: Engine core initialization")
+        summary = run_entrypoint("status", "--ready-file", str(served.ready)).stdout
+        assert f"vLLM's error: {cause}" in summary and "vLLM's last 30 log lines:" in summary
     finally:
         waiting.kill()
         stop(served)

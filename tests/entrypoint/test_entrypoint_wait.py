@@ -97,7 +97,7 @@ def test_loading_progress_gives_a_line_per_10_percent(tmp_path: Path) -> None:
     writer.join()
     shown = [line.split("] ", 1)[1] for line in lines if "] " in line]
     assert shown == [
-        "starting: vLLM is loading (no weight progress reported yet)",
+        "starting: vLLM is loading (no step reported yet)",
         "starting: loading weights 0.50 of 10.00 GiB (5%, 2 rank(s))",
         "starting: loading weights 1.20 of 10.00 GiB (12%, 2 rank(s))",
         "starting: loading weights 5.50 of 10.00 GiB (55%, 2 rank(s))",

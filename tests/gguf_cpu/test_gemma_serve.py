@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint import steps
 from tests.gguf_cpu.conftest import NEW_TOKENS
-from tests.serving import Served, greedy, run_entrypoint, start_serve
+from tests.serving import Served, greedy, run_entrypoint, start_serve, start_wait, status_json
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 START_TIMEOUT = 900.0  # cold start + one-time dequantization on a loaded 2-core machine
@@ -44,11 +45,15 @@ def server(
         SERVE_SEED="0",
         SERVE_HEALTH_INTERVAL="1",
     )
+    waiting = start_wait(served, START_TIMEOUT)  # what a user watching the start sees
     try:
         served.wait_ready(START_TIMEOUT)
         print(f"\nGemma GGUF server ready after {served.ready_after:.0f}s")
+        out, _ = waiting.communicate(timeout=30)
+        served.wait_output = (waiting.returncode, out)  # type: ignore[attr-defined]
         yield served
     finally:
+        waiting.kill()
         served.terminate()
 
 
@@ -94,3 +99,16 @@ def test_the_load_reported_bytes_per_rank(server: Served, gemma_path: Path) -> N
     log = server.log.read_text(errors="replace")
     assert "GGUF weights rank 0: loading 0.23 GiB from 1 file(s)" in log
     assert "GGUF weights rank 0: 0.23 GiB of 0.23 GiB (100%)" in log
+
+
+def test_steps_in_order_and_progress_while_loading(server: Served) -> None:
+    status = status_json(server)
+    names = [s["step"] for s in status["steps"]]
+    assert names == [steps.VALIDATING, steps.PREFLIGHT, steps.STARTING_VLLM,
+                     steps.STARTING_ENGINE, steps.LOADING, steps.LOADED, steps.KV_CACHE,
+                     steps.WARMING_UP, steps.API_SERVER, steps.SERVING], names
+    code, out = server.wait_output  # type: ignore[attr-defined]
+    print("\n" + out)
+    assert code == 0, out
+    loading = [line for line in out.splitlines() if "starting: loading weights " in line]
+    assert loading and all(" of 0.23 GiB (" in line for line in loading), out

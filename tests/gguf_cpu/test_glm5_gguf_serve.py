@@ -35,7 +35,15 @@ import pytest
 
 from entrypoint.envfile import read_env_file
 from fixtures import glm5_served
-from tests.serving import REPO, Served, greedy, run_entrypoint, start_serve
+from tests.serving import (
+    REPO,
+    Served,
+    greedy,
+    run_entrypoint,
+    start_serve,
+    status_json,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 START_TIMEOUT = 600.0
@@ -135,6 +143,24 @@ def test_greedy_ids_equal_transformers_with_mtp(server: Served, ref: dict) -> No
     print(f"/metrics spec decode (k={k}): {seen}")
     assert seen["num_draft_tokens"] > 0 and seen["num_accepted_tokens"] > 0
     assert seen == glm5_served.echo_counters(ref["tokens"], k)
+
+
+def test_status_shows_the_acceptance_of_mtp(server: Served) -> None:
+    """`status` reads the same counters: acceptance and mean accepted length."""
+    totals = spec_counters(server)
+    drafts, proposed = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    assert drafts > 0
+    want = {"drafts": drafts, "draft_tokens": proposed, "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / proposed, 4),
+            "mean_accepted_length": round(1 + accepted / drafts, 3)}
+    wait_for(lambda: status_json(server).get("speculative") == want, 30,
+             "the watcher's next /metrics read")
+    summary = run_entrypoint("status", "--ready-file", str(server.ready)).stdout
+    print("\n" + summary)
+    assert (f"speculative decoding: acceptance {100 * accepted / proposed:.1f} % "
+            f"({accepted} of {proposed} draft tokens), mean accepted length "
+            f"{1 + accepted / drafts:.2f}") in summary
 
 
 def test_the_reference_tells_sparse_from_dense(ref: dict) -> None:
