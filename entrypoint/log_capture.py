@@ -42,6 +42,8 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
     # own "Loading weights took" does not come on the GGUF path.
     (re.compile(r"GGUF weights rank (\d+): ([\d.]+ GiB) of \2 \(100%\), ([\d.]+) GiB/s, done"),
      LOADED, lambda m: f"{m[2]} at {m[3]} GiB/s (rank {m[1]})"),
+    (re.compile(r"GGUF weights rank (\d+): (\S+ GiB of \S+ GiB \(\d+%\)|loading .*)"),
+     LOADING, lambda m: f"rank {m[1]}: {m[2]}"),
     (re.compile(r"Dynamo bytecode transform time|Compiling a graph for compile range"),
      COMPILING, None),
     (re.compile(r"torch\.compile took ([\d.]+) s in total"), None,
