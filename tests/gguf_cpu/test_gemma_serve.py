@@ -115,5 +115,5 @@ def test_steps_in_order_and_progress_while_loading(server: Served) -> None:
     # is checked where the status keeps it: the plugin's progress lines became the
     # loading step's detail while it ran, and its last line the loaded step's.
     detail = {s["step"]: s["detail"] or "" for s in status["steps"]}
-    assert re.fullmatch(r"rank 0: 0\.\d\d GiB of 0\.23 GiB \(\d0%\)", detail[steps.LOADING])
+    assert re.fullmatch(r"rank 0: 0\.\d\d GiB of 0\.23 GiB \(\d+%\)", detail[steps.LOADING])
     assert re.fullmatch(r"0\.23 GiB at [\d.]+ GiB/s \(rank 0\)", detail[steps.LOADED])
