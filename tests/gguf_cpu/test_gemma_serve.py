@@ -116,4 +116,5 @@ def test_steps_in_order_and_progress_while_loading(server: Served) -> None:
     # loading step's detail while it ran, and its last line the loaded step's.
     detail = {s["step"]: s["detail"] or "" for s in status["steps"]}
     assert re.fullmatch(r"rank 0: 0\.\d\d GiB of 0\.23 GiB \(\d+%\)", detail[steps.LOADING])
-    assert re.fullmatch(r"0\.23 GiB at [\d.]+ GiB/s \(rank 0\)", detail[steps.LOADED])
+    assert re.fullmatch(r"0\.23 GiB in [\d.]+ s at [\d.]+ GiB/s \(rank 0\)",
+                        detail[steps.LOADED])
