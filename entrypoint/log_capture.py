@@ -24,6 +24,12 @@ def _gib_seconds(m: re.Match[str]) -> str:
     return f"{float(m[1]):.2f} GiB in {float(m[2]):.1f} s"
 
 
+def _gguf_loaded(m: re.Match[str]) -> str:
+    gib, rate = float(m[3]), float(m[4])
+    seconds = f" in {gib / rate:.1f} s" if rate > 0 else ""
+    return f"{m[2]}{seconds} at {m[4]} GiB/s (rank {m[1]})"
+
+
 # (pattern, step or None to keep the step, detail). vLLM 0.32.0's messages:
 # gpu_model_runner/cpu_model_runner ("Starting to load model"), default_loader
 # ("Loading weights took"), gpu_model_runner ("Model loading took", "Graph capturing
@@ -40,8 +46,10 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
      _gib_seconds),
     # The patched GGUF plugin's last progress line of a rank (gguf_tensors.py); vLLM's
     # own "Loading weights took" does not come on the GGUF path.
-    (re.compile(r"GGUF weights rank (\d+): ([\d.]+ GiB) of \2 \(100%\), ([\d.]+) GiB/s, done"),
-     LOADED, lambda m: f"{m[2]} at {m[3]} GiB/s (rank {m[1]})"),
+    (re.compile(r"GGUF weights rank (\d+): (([\d.]+) GiB) of \2 \(100%\), ([\d.]+) GiB/s, done"),
+     LOADED, _gguf_loaded),
+    (re.compile(r"GGUF weights rank (\d+): (\S+ GiB of \S+ GiB \(\d+%\)|loading .*)"),
+     LOADING, lambda m: f"rank {m[1]}: {m[2]}"),
     (re.compile(r"Dynamo bytecode transform time|Compiling a graph for compile range"),
      COMPILING, None),
     (re.compile(r"torch\.compile took ([\d.]+) s in total"), None,

@@ -179,6 +179,21 @@ def status_json(served: Served) -> dict:
     return read_json(str(served.status)) or {}
 
 
+def engine_core(served: Served) -> int:
+    """The one EngineCore process below a server (vLLM titles it VLLM::EngineCore)."""
+    from entrypoint.process_tree import descendants
+
+    names = {}
+    for pid in descendants(served.proc.pid):
+        try:
+            names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+    cores = [pid for pid, name in names.items() if name.startswith("VLLM::EngineCor")]
+    assert len(cores) == 1, names
+    return cores[0]
+
+
 def stop(served: Served) -> None:
     """Leave nothing behind: the whole session, then the watcher (its own session)."""
     watcher = status_json(served).get("watcher_pid")

@@ -74,6 +74,8 @@ def test_the_plugins_last_line_is_the_weights_loaded_milestone(
         progress.finish()
     last = caplog.records[-1].getMessage()
     assert last == "GGUF weights rank 3: 3.00 GiB of 3.00 GiB (100%), 1.50 GiB/s, done"
-    assert milestone(last) == (steps.LOADED, "3.00 GiB at 1.50 GiB/s (rank 3)")
+    assert milestone(last) == (steps.LOADED, "3.00 GiB in 2.0 s at 1.50 GiB/s (rank 3)")
     midway = "GGUF weights rank 3: 1.20 GiB of 3.00 GiB (40%), 0.60 GiB/s, 3 s left"
-    assert milestone(midway) is None
+    assert milestone(midway) == (steps.LOADING, "rank 3: 1.20 GiB of 3.00 GiB (40%)")
+    first = caplog.records[0].getMessage()
+    assert milestone(first) == (steps.LOADING, "rank 3: loading 3.00 GiB from 1 file(s)")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from entrypoint import probe
-from entrypoint.process_tree import descendants
 from entrypoint.statusfile import read_json, read_ready, write_ready
 from tests.serving import (
     START_TIMEOUT,
     Served,
+    engine_core,
     gone,
     session_pids,
     start_serve,
@@ -27,18 +27,6 @@ from tests.serving import (
 )
 
 pytestmark = pytest.mark.vllm_server
-
-
-def engine_core(served: Served) -> int:
-    names = {}
-    for pid in descendants(served.proc.pid):
-        try:
-            names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-    cores = [pid for pid, name in names.items() if name.startswith("VLLM::EngineCor")]
-    assert len(cores) == 1, names
-    return cores[0]
 
 
 def test_engine_killed_after_ready_gives_a_non_zero_exit(tiny_model: str, tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +23,8 @@ from entrypoint import steps
 from tests.serving import (
     START_TIMEOUT,
     Served,
+    engine_core,
     run_entrypoint,
-    session_pids,
     start_serve,
     status_json,
     stop,
@@ -55,18 +54,6 @@ def server(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield served
     finally:
         stop(served)
-
-
-def engine_core(served: Served) -> int:
-    """The EngineCore process (vLLM titles it VLLM::EngineCore)."""
-    for pid in session_pids(served.proc.pid):
-        try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if title.startswith(b"VLLM::EngineCore"):
-            return pid
-    raise AssertionError("no VLLM::EngineCore process")
 
 
 def health_code(served: Served) -> int:
