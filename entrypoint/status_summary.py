@@ -73,7 +73,8 @@ def speculative_line(spec: dict[str, Any]) -> str:
 
 
 def summarize(status: dict[str, Any], now: float) -> str:
-    lines = [step_line(status, now)]
+    # An exited start's last step ended with it: no running time to show.
+    lines = [step_line(status, None if status.get("phase") == "exited" else now)]
     pid = status.get("pid")
     url = status.get("url")
     if pid or url:

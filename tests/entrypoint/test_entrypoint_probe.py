@@ -98,3 +98,24 @@ def test_probe_reads_the_ready_file_an_env_file_names(
     capsys.readouterr()
     assert main(["probe", "--env-file", str(tmp_path / "missing.env")]) == 2
     assert "frontier-serve: error: env file" in capsys.readouterr().err
+
+
+@pytest.mark.process
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`frontier-serve status | head -1`: the pipe closes before status writes."""
+    import subprocess
+    import sys
+
+    from tests.serving import PYTHONPATH, REPO
+
+    write_json_atomic(str(tmp_path / "status.json"), {"phase": "starting", "pid": 1})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "entrypoint", "status", "--ready-file", str(tmp_path / "ready")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH},
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # the reader is gone before the first byte
+    code = child.wait(timeout=60)
+    err = child.stderr.read().decode()
+    assert code in (0, 141) and "Traceback" not in err, (code, err)
