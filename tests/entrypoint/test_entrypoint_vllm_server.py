@@ -185,14 +185,21 @@ def test_missing_model_never_ready(tmp_path: Path) -> None:
         stop(served)
 
 
-def test_broken_config_wait_prints_vllms_exception(tiny_model: str, tmp_path: Path) -> None:
+def test_broken_config_wait_prints_vllms_exception(
+    server: Served, tiny_model: str, tmp_path: Path
+) -> None:
     """A model vLLM cannot build: wait ends within 2 s of vLLM with vLLM's root cause
-    (raised in a worker process, logged there), and the status keeps vLLM's last lines."""
+    (raised in a worker process, logged there), and the status keeps vLLM's last lines.
+    Its status folder holds the shared server's startup history, as a volume would
+    after a good start: wait gives that start's time as the ETA meanwhile."""
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model, broken)
     config = json.loads((broken / "config.json").read_text())
     config["num_attention_heads"] = config["num_key_value_heads"] + 1  # not a multiple
     (broken / "config.json").write_text(json.dumps(config))
+    (tmp_path / "broken").mkdir()
+    shutil.copy(server.folder / "startup-history.json", tmp_path / "broken")
+    last = json.loads((server.folder / "startup-history.json").read_text())["total_s"]
     served = start_serve(tmp_path / "broken", SERVE_MODEL=str(broken))
     waiting = start_wait(served, START_TIMEOUT)
     try:
@@ -204,6 +211,8 @@ def test_broken_config_wait_prints_vllms_exception(tiny_model: str, tmp_path: Pa
         cause = (f"AssertionError: num_heads ({config['num_attention_heads']}) is not "
                  f"divisible by num_kv_heads ({config['num_key_value_heads']})")
         assert waiting.returncode == 1 and after < 2.0, out
+        took = f"{last / 60:.1f} min" if last >= 90 else f"{last:.0f} s"
+        assert f"(the last start took {took}, with another configuration)" in out, out
         assert out.splitlines()[-1].startswith("not ready: vLLM exited with code 1 before it "
                                               f"became ready: {cause}"), out
         wait_for(lambda: status_json(served).get("phase") == "exited", 10, "status exited")
