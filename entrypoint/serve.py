@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import gpus, load_progress, settings
+from entrypoint import gpus, load_progress, nodes, settings
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
@@ -73,7 +73,15 @@ def drop_service_link_port(environ: dict[str, str]) -> str | None:
 
 
 def health_url(namespace: argparse.Namespace) -> str:
-    """Where the watcher reaches vLLM: loopback when it listens on every interface."""
+    """Where the watcher reaches vLLM: loopback when it listens on every interface.
+
+    A worker node serves no HTTP. The leader becomes healthy only once every node has
+    joined and loaded (vLLM's engine starts only then), so a worker watches the
+    leader's API, on the leader's address and the port both roles share."""
+    node = nodes.node_of(namespace)
+    if node.role == nodes.WORKER:
+        host = node.master_addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{namespace.port}"
     host = listen_host(namespace.host)
     if host == "0.0.0.0":
         host = "127.0.0.1"
@@ -112,6 +120,7 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         stale_after=watch.stale_after,
         hints=model_hints(rendered.namespace.model),
         load_progress_dir=load_progress.folder_for(watch.status_file),
+        node=None if rendered.node.role == nodes.SINGLE else rendered.node.describe(),
     )
 
 
@@ -138,15 +147,33 @@ def prepare(env: Mapping[str, str]) -> tuple[Rendered, WatchConfig | None, int]:
             collect(check_writable, config.status_file, settings.STATUS_FILE)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    if port_check_on and not getattr(rendered.namespace, "uds", None):
+    node = rendered.node
+    leader_wait = 0.0
+    if node.role == nodes.WORKER:
+        try:
+            leader_wait = nodes.leader_timeout(env)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if (
+        port_check_on
+        and not getattr(rendered.namespace, "uds", None)
+        and node.role != nodes.WORKER  # a headless node listens on no HTTP port
+    ):
         collect(check_port_free, rendered.namespace.host, rendered.namespace.port)
     collect(gpus.require_enough_gpus, rendered.namespace)
+    problems.extend(nodes.gpus_per_node_problems(rendered.namespace, env))
     collect(check_gguf_request, env, rendered.namespace.model or "")
     if problems:
         raise ConfigError(problems)
     # Hub-named config/tokenizer: after the cheap checks, since it may download.
     fetched = fetch_all(repos_from_namespace(rendered.namespace))
-    return rendered, config, gguf_preflight(env, rendered.namespace, fetched)
+    code = gguf_preflight(env, rendered.namespace, fetched)
+    if code == 0 and node.role == nodes.WORKER:
+        # Last, so the worker joins as soon as the leader's store is up.
+        _write_start_status(env, VALIDATING, node=node.describe(),
+                            waiting_for=f"leader {node.leader_endpoint}")  # fmt: skip
+        nodes.wait_for_leader(node, leader_wait)
+    return rendered, config, code
 
 
 def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:

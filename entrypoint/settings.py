@@ -36,6 +36,7 @@ HEALTH_FAILURES = "SERVE_HEALTH_FAILURES"
 STALE_AFTER = "SERVE_STALE_AFTER"
 WATCHER = "SERVE_WATCHER"
 CHECK_PORT = "SERVE_CHECK_PORT"
+LEADER_TIMEOUT = "SERVE_LEADER_TIMEOUT"
 
 # What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
@@ -53,10 +54,13 @@ RESERVED: dict[str, str] = {
     STALE_AFTER: "heartbeat age in seconds after which `probe` fails (default 15)",
     WATCHER: "start the readiness watcher (default true)",
     CHECK_PORT: "refuse to start when the HTTP port is already taken (default true)",
+    LEADER_TIMEOUT: "a worker node (SERVE_NODE_RANK > 0): seconds to wait for the leader's "
+    "SERVE_MASTER_ADDR:SERVE_MASTER_PORT to accept a connection before giving up (default 600)",
 }
 
 DEFAULT_READY_FILE = "/run/serve/ready"
 DEFAULT_EXEC_MODULE = "vllm.entrypoints.openai.api_server"
+HEADLESS_EXEC_MODULE = "entrypoint.vllm_serve"  # `vllm serve`, for headless worker nodes
 
 TRUE_WORDS = frozenset({"true", "1"})
 FALSE_WORDS = frozenset({"false", "0"})

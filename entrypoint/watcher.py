@@ -17,11 +17,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import load_progress
+from entrypoint import load_progress, node_links
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
@@ -54,6 +55,8 @@ class WatchConfig:
     hints: list[str] = field(default_factory=list)
     # Where the plugin's loading ranks report bytes loaded (entrypoint/load_progress.py).
     load_progress_dir: str | None = None
+    # Multi-node: role, node rank, node count, leader (entrypoint/nodes.py); None alone.
+    node: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, text: str) -> WatchConfig:
@@ -145,6 +148,7 @@ class Tracker:
             "exit_code": self.exit_code,
             "hints": self.config.hints,
             **({"loading": loading} if loading else {}),
+            **({"node": self.config.node} if self.config.node else {}),
             **self.extra,
         }
 
@@ -184,6 +188,25 @@ def check_health(base_url: str, timeout: float, api_key: str | None) -> str | No
     return None
 
 
+class LeaderGroup:
+    """A multi-node leader is healthy only while every remote rank stays connected
+    (entrypoint/node_links.py says why /health alone cannot tell)."""
+
+    def __init__(self, node: dict[str, Any]) -> None:
+        self.nnodes = int(node.get("nnodes") or 1)
+        self.store_port = int(node.get("store_port") or 0)
+        self.expected = int(node.get("remote_ranks") or 0)
+        self.at_ready: Counter[str] | None = None
+
+    def check(self, pids: list[int], ever_ready: bool) -> str | None:
+        now = node_links.remote_ranks(self.store_port, pids)
+        if ever_ready and self.at_ready is None:
+            self.at_ready = now  # who was there when the group first served
+        return node_links.lost_node_error(
+            self.expected, now, self.at_ready, self.store_port, self.nnodes
+        )
+
+
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
     """Block until `pid` has exited (zombie or gone)."""
     try:
@@ -205,6 +228,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     lock = threading.Lock()
     done = threading.Event()
     tree: dict[int, str] = {}  # vLLM's descendants, refreshed every round
+    group = LeaderGroup(config.node or {})
 
     def on_exit() -> None:
         wait_for_exit(config.pid)
@@ -235,6 +259,8 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
             with lock:
                 tree.update(below)
             error = check_health(config.base_url, config.timeout, api_key)
+            if error is None and config.node and config.node.get("role") == "leader":
+                error = group.check([config.pid, *below], tracker.ever_ready)
             with lock:
                 if done.is_set():
                     break
