@@ -15,7 +15,7 @@
 #  9. GLM-5's architecture: build runtime-cpu-glm5 (a tiny glm-dsa GGUF written at
 #     build time with its transformers reference), `--profile smoke-glm5 up --wait`,
 #     probe, and greedy ids for the reference prompts that equal the reference's
-# 10. two containers as two nodes (smoke-2node, smoke-2node-worker: TP 2 across
+# 10. two containers as two nodes (smoke-2node, smoke-2node-worker: PP 2 across
 #     them over 127.0.0.1): both healthy, the same greedy text as smoke's single
 #     node, the worker killed makes the leader unhealthy naming the lost node within
 #     a bounded time, and `down` leaves no container of the project
