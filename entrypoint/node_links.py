@@ -99,7 +99,12 @@ def lost_node_error(
     total = sum(now.values())
     if total >= expected:
         return None
-    lost = sorted((at_ready or Counter()) - now)
+    if at_ready is None:  # not served yet: nodes still joining, none lost
+        return (
+            f"waiting for the worker nodes: {total} of the {expected} remote ranks are "
+            f"connected to the leader's store (port {store_port})"
+        )
+    lost = sorted(at_ready - now)
     where = f" at {', '.join(lost)}" if lost else ""
     rank = " (node rank 1)" if nnodes == 2 else ""
     return (

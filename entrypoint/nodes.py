@@ -148,8 +148,8 @@ def layout_problems(
 
 def gpus_per_node_problems(namespace: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
     """On a CUDA build, a node must see exactly its share of the ranks: vLLM gives each
-    node world/nnodes local ranks, one per GPU, so more GPUs than that sit idle and
-    fewer fail when the workers start."""
+    node world/nnodes local ranks, one per GPU, so more GPUs than that sit idle (a
+    layout that does not match the nodes). Fewer is gpus.require_enough_gpus's to say."""
     node = node_of(namespace)
     if node.role == SINGLE or not gpus.vllm_is_cuda_build():
         return []
@@ -159,13 +159,14 @@ def gpus_per_node_problems(namespace: argparse.Namespace, env: Mapping[str, str]
         return []  # layout_problems names it
     per_node = world // node.nnodes
     view = gpus.gpu_view(env)
-    if view.count == per_node:
+    if view.count <= per_node:
         return []
     product = " × ".join(f"{n}={v}" for n, v in factors)
     return [
         f"{product} over {NNODES}={node.nnodes} nodes puts {per_node} ranks on each node, "
-        f"but this node sees {view.count} GPU(s) ({view.detail}): give every node exactly "
-        f"{per_node} GPUs, or set the sizes so that TP × PP = nodes × GPUs per node"
+        f"but this node sees {view.count} GPUs ({view.detail}), {view.count - per_node} of "
+        f"them idle: set the sizes so that TP × PP = nodes × GPUs per node, or give every "
+        f"node exactly {per_node} GPUs (CUDA_VISIBLE_DEVICES, nvidia.com/gpu)"
     ]
 
 

@@ -198,11 +198,12 @@ def test_ipv6_leader_endpoint_is_bracketed() -> None:
                               connect=lambda h, p, t: "unreachable")  # fmt: skip
 
 
-@pytest.mark.parametrize(("visible", "ok"), [(4, True), (8, False), (2, False)])
-def test_each_node_sees_exactly_its_share_of_gpus_stand_in_cuda(
+@pytest.mark.parametrize(("visible", "ok"), [(4, True), (8, False), (2, True)])
+def test_no_node_leaves_gpus_idle_stand_in_cuda(
     vllm_table, base_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, visible: int, ok: bool
 ) -> None:
-    """TP4 × PP2 over 2 nodes: 4 ranks per node, so 4 GPUs, no more, no fewer."""
+    """TP4 × PP2 over 2 nodes: 4 ranks per node, so no more than 4 GPUs (fewer is
+    require_enough_gpus's error, tested in test_entrypoint_gpus.py)."""
     monkeypatch.setattr(gpus, "vllm_is_cuda_build", lambda: True)
     monkeypatch.setattr(gpus, "nvml_device_count", lambda: (visible, f"NVML sees {visible}"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -212,7 +213,10 @@ def test_each_node_sees_exactly_its_share_of_gpus_stand_in_cuda(
     problems = nodes.gpus_per_node_problems(namespace, env)
     assert (problems == []) is ok, problems
     if not ok:
-        assert f"puts 4 ranks on each node, but this node sees {visible} GPU(s)" in problems[0]
+        assert "puts 4 ranks on each node, but this node sees 8 GPUs" in problems[0]
+        assert "4 of them idle" in problems[0]
+    else:
+        assert gpus.gpus_needed(namespace)[0] == 4  # what require_enough_gpus holds 2 to
 
 
 @pytest.mark.process
@@ -243,6 +247,8 @@ def test_leader_counts_remote_ranks_from_the_kernel_tables() -> None:
         at_ready = node_links.remote_ranks(port, [os.getpid()])
         assert at_ready == {"127.0.0.1": 1}
         assert node_links.lost_node_error(1, at_ready, at_ready, port, 2) is None
+        assert node_links.lost_node_error(2, at_ready, None, port, 2).startswith(
+            "waiting for the worker nodes: 1 of the 2 remote ranks")
         remote.kill()
         remote.wait()
         now = wait_until_changed(lambda: node_links.remote_ranks(port, [os.getpid()]), at_ready)
