@@ -1,4 +1,4 @@
-"""The leader's view of its worker nodes, from the kernel's TCP tables. Stdlib-only.
+"""A node's view of its group, from the kernel's TCP tables. Stdlib-only.
 
 vLLM's multi-node engine does not notice a worker node that dies while the server is
 idle: the leader's executor monitors only its local ranks, and /health keeps
@@ -110,4 +110,27 @@ def lost_node_error(
     return (
         f"lost a worker node{rank}{where}: {total} of the {expected} remote ranks are "
         f"connected to the leader's store (port {store_port}); the group cannot serve"
+    )
+
+
+def joined_ranks(
+    store_port: int,
+    pids: list[int],
+    connections: list[Link] | None = None,
+    inodes: set[int] | None = None,
+) -> int:
+    """A worker's ranks connected to the leader's store: connections these processes
+    hold whose other end is port `store_port` (one per rank, for its whole life)."""
+    connections = established() if connections is None else connections
+    ours = socket_inodes(pids) if inodes is None else inodes
+    return sum(1 for _, remote, inode in connections if remote[1] == store_port and inode in ours)
+
+
+def worker_error(expected: int, joined: int, store_port: int) -> str | None:
+    """None while all of this worker's ranks are in the group; else why not."""
+    if joined >= expected:
+        return None
+    return (
+        f"{joined} of this node's {expected} ranks are connected to the leader's store "
+        f"(port {store_port}): not (or no longer) in the group"
     )

@@ -57,6 +57,7 @@ class Node:
         """The status file's `node` entry."""
         return {"role": self.role, "rank": self.rank, "nnodes": self.nnodes,
                 "leader": self.leader_endpoint, "store_port": self.master_port,
+                "local_ranks": self.world // max(self.nnodes, 1),
                 "remote_ranks": self.remote_ranks if self.role == LEADER else None}  # fmt: skip
 
 

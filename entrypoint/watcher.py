@@ -188,17 +188,23 @@ def check_health(base_url: str, timeout: float, api_key: str | None) -> str | No
     return None
 
 
-class LeaderGroup:
-    """A multi-node leader is healthy only while every remote rank stays connected
-    (entrypoint/node_links.py says why /health alone cannot tell)."""
+class NodeGroup:
+    """Multi-node: a leader is healthy only while every remote rank stays connected
+    (entrypoint/node_links.py says why /health alone cannot tell); a worker, whose
+    health is the leader's API, only while its own ranks are connected too."""
 
     def __init__(self, node: dict[str, Any]) -> None:
+        self.role = node.get("role")
         self.nnodes = int(node.get("nnodes") or 1)
         self.store_port = int(node.get("store_port") or 0)
         self.expected = int(node.get("remote_ranks") or 0)
+        self.local = int(node.get("local_ranks") or 0)
         self.at_ready: Counter[str] | None = None
 
     def check(self, pids: list[int], ever_ready: bool) -> str | None:
+        if self.role != "leader":
+            joined = node_links.joined_ranks(self.store_port, pids)
+            return node_links.worker_error(self.local, joined, self.store_port)
         now = node_links.remote_ranks(self.store_port, pids)
         if ever_ready and self.at_ready is None:
             self.at_ready = now  # who was there when the group first served
@@ -228,7 +234,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     lock = threading.Lock()
     done = threading.Event()
     tree: dict[int, str] = {}  # vLLM's descendants, refreshed every round
-    group = LeaderGroup(config.node or {})
+    group = NodeGroup(config.node or {})
 
     def on_exit() -> None:
         wait_for_exit(config.pid)
@@ -259,7 +265,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
             with lock:
                 tree.update(below)
             error = check_health(config.base_url, config.timeout, api_key)
-            if error is None and config.node and config.node.get("role") == "leader":
+            if error is None and config.node:
                 error = group.check([config.pid, *below], tracker.ever_ready)
             with lock:
                 if done.is_set():

@@ -50,7 +50,7 @@ def test_leader_serves_the_api(vllm_table, base_env: dict[str, str]) -> None:
     assert "--headless" not in rendered.argv
     assert rendered.node.describe() == {"role": "leader", "rank": 0, "nnodes": 2,
                                         "leader": "127.0.0.1:29501", "store_port": 29501,
-                                        "remote_ranks": 1}  # fmt: skip
+                                        "local_ranks": 1, "remote_ranks": 1}  # fmt: skip
 
 
 def test_worker_is_headless_through_vllm_serve(vllm_table, base_env: dict[str, str]) -> None:
@@ -144,7 +144,8 @@ def test_worker_joins_a_listening_leader_and_watches_its_api(
     assert config["base_url"] == f"http://127.0.0.1:{base_env['SERVE_PORT']}"
     assert config["node"] == {"role": "worker", "rank": 1, "nnodes": 2,
                               "leader": f"127.0.0.1:{listening_port}",
-                              "store_port": listening_port, "remote_ranks": None}  # fmt: skip
+                              "store_port": listening_port, "local_ranks": 1,
+                              "remote_ranks": None}  # fmt: skip
 
 
 def test_worker_skips_the_http_port_check(
@@ -246,6 +247,9 @@ def test_leader_counts_remote_ranks_from_the_kernel_tables() -> None:
         accepted.append(server.accept()[0])
         at_ready = node_links.remote_ranks(port, [os.getpid()])
         assert at_ready == {"127.0.0.1": 1}
+        # Seen from the other process, a worker: its one rank has joined.
+        assert node_links.joined_ranks(port, [remote.pid]) == 1
+        assert node_links.worker_error(1, 1, port) is None
         assert node_links.lost_node_error(1, at_ready, at_ready, port, 2) is None
         assert node_links.lost_node_error(2, at_ready, None, port, 2).startswith(
             "waiting for the worker nodes: 1 of the 2 remote ranks")
@@ -253,6 +257,10 @@ def test_leader_counts_remote_ranks_from_the_kernel_tables() -> None:
         remote.wait()
         now = wait_until_changed(lambda: node_links.remote_ranks(port, [os.getpid()]), at_ready)
         assert now == {}
+        assert node_links.worker_error(1, 0, port) == (
+            f"0 of this node's 1 ranks are connected to the leader's store (port {port}): "
+            "not (or no longer) in the group"
+        )
         error = node_links.lost_node_error(1, now, at_ready, port, 2)
         assert error == (
             f"lost a worker node (node rank 1) at 127.0.0.1: 0 of the 1 remote ranks are "
