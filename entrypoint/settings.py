@@ -40,6 +40,7 @@ LOG_CAPTURE = "SERVE_LOG_CAPTURE"
 WEDGE_SECONDS = "SERVE_WEDGE_SECONDS"
 GENERATION_CHECK_INTERVAL = "SERVE_GENERATION_CHECK_INTERVAL"
 GENERATION_CHECK_TIMEOUT = "SERVE_GENERATION_CHECK_TIMEOUT"
+LEADER_TIMEOUT = "SERVE_LEADER_TIMEOUT"
 
 # What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
@@ -65,6 +66,8 @@ RESERVED: dict[str, str] = {
     "seconds (default 0: off)",
     GENERATION_CHECK_TIMEOUT: "seconds that token may take before the server counts as "
     "unhealthy (default 60)",
+    LEADER_TIMEOUT: "a worker node (SERVE_NODE_RANK > 0): seconds to wait for the leader's "
+    "SERVE_MASTER_ADDR:SERVE_MASTER_PORT to accept a connection before giving up (default 600)",
 }
 
 # The wedge watchdog's default. The longest stretch a healthy engine goes without moving
@@ -76,6 +79,7 @@ DEFAULT_WEDGE_SECONDS = 300.0
 
 DEFAULT_READY_FILE = "/run/serve/ready"
 DEFAULT_EXEC_MODULE = "vllm.entrypoints.openai.api_server"
+HEADLESS_EXEC_MODULE = "entrypoint.vllm_serve"  # `vllm serve`, for headless worker nodes
 
 TRUE_WORDS = frozenset({"true", "1"})
 FALSE_WORDS = frozenset({"false", "0"})

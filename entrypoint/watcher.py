@@ -17,11 +17,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import load_progress, metrics, startup_history
+from entrypoint import load_progress, metrics, node_links, startup_history
 from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
@@ -78,6 +79,8 @@ class WatchConfig:
     generation_check_interval: float = 0.0
     generation_check_timeout: float = 60.0
     history_file: str | None = None
+    # Multi-node: role, node rank, node count, leader (entrypoint/nodes.py); None alone.
+    node: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, text: str) -> WatchConfig:
@@ -256,6 +259,7 @@ class Tracker:
             **({"loading": loading} if loading else {}),
             **({"speculative": self.speculative} if self.speculative else {}),
             **log_part,
+            **({"node": self.config.node} if self.config.node else {}),
             **self.extra,
         }
 
@@ -366,6 +370,29 @@ class GenerationCheck:
                 self.failure = f"generation check: no token within {timeout:g} s"
             else:
                 self.failure = f"generation check: {detail}"
+class NodeGroup:
+    """Multi-node: a leader is healthy only while every remote rank stays connected
+    (entrypoint/node_links.py says why /health alone cannot tell); a worker, whose
+    health is the leader's API, only while its own ranks are connected too."""
+
+    def __init__(self, node: dict[str, Any]) -> None:
+        self.role = node.get("role")
+        self.nnodes = int(node.get("nnodes") or 1)
+        self.store_port = int(node.get("store_port") or 0)
+        self.expected = int(node.get("remote_ranks") or 0)
+        self.local = int(node.get("local_ranks") or 0)
+        self.at_ready: Counter[str] | None = None
+
+    def check(self, pids: list[int], ever_ready: bool) -> str | None:
+        if self.role != "leader":
+            joined = node_links.joined_ranks(self.store_port, pids)
+            return node_links.worker_error(self.local, joined, self.store_port)
+        now = node_links.remote_ranks(self.store_port, pids)
+        if ever_ready and self.at_ready is None:
+            self.at_ready = now  # who was there when the group first served
+        return node_links.lost_node_error(
+            self.expected, now, self.at_ready, self.store_port, self.nnodes
+        )
 
 
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
@@ -389,6 +416,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     lock = threading.Lock()
     done = threading.Event()
     tree: dict[int, str] = {}  # vLLM's descendants, refreshed every round
+    group = NodeGroup(config.node or {})
 
     def on_exit() -> None:
         wait_for_exit(config.pid)
@@ -422,6 +450,8 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
                 tree.update(below)
                 tracker.read_log()
             error = check_health(config.base_url, config.timeout, api_key)
+            if error is None and config.node:
+                error = group.check([config.pid, *below], tracker.ever_ready)
             trouble = None
             if error is None:
                 sample = scrape_metrics(config.base_url, config.timeout, api_key)

@@ -68,10 +68,11 @@ def dockerfile_drift(dockerfile: str, manifest: targets.Manifest) -> list[str]:
 def compose_drift(compose: dict, manifest: targets.Manifest) -> list[str]:
     problems = []
     services = compose.get("services", {})
-    for name in sorted(set(services) ^ set(manifest.services)):
+    composed = {name for name, svc in manifest.services.items() if svc.compose}
+    for name in sorted(set(services) ^ composed):
         problems.append(f"service {name} is in only one of docker-compose.yml and targets.toml")
     for svc in manifest.services.values():
-        entry = services.get(svc.name)
+        entry = services.get(svc.name) if svc.compose else None
         if entry is None:
             continue
         target = manifest.target(svc.target)
@@ -103,50 +104,66 @@ def compose_drift(compose: dict, manifest: targets.Manifest) -> list[str]:
     return problems
 
 
+def pod_specs(doc: dict) -> list[tuple[str, dict]]:
+    """(label, pod spec) of a Deployment, or of both templates of a LeaderWorkerSet."""
+    if doc.get("kind") == "Deployment":
+        return [("", doc["spec"]["template"]["spec"])]
+    if doc.get("kind") == "LeaderWorkerSet":
+        templates = doc["spec"]["leaderWorkerTemplate"]
+        return [(f" {role}", templates[f"{role}Template"]["spec"]) for role in ("leader", "worker")]
+    return []
+
+
+def _pod_drift(
+    name: str, spec: dict, svc: targets.Service, manifest: targets.Manifest
+) -> list[str]:
+    problems = []
+    want = svc.kubernetes_probe
+    serve = next(c for c in spec["containers"] if c["name"] == "serve")
+    if serve["image"] != manifest.target(svc.target).tags[0]:
+        problems.append(f"{name}: image {serve['image']}")
+    startup, ready = serve["startupProbe"], serve["readinessProbe"]
+    live = serve.get("livenessProbe", {})
+    found = {
+        "startup-period": startup["periodSeconds"],
+        "readiness-period": ready["periodSeconds"],
+        "readiness-failures": ready["failureThreshold"],
+        "liveness-period": live.get("periodSeconds"),
+        "liveness-failures": live.get("failureThreshold"),
+        "timeout": startup["timeoutSeconds"],
+    }
+    timeouts = {ready["timeoutSeconds"], live.get("timeoutSeconds")}
+    if found != want or timeouts != {want["timeout"]}:
+        problems.append(f"{name}: probes {found} != targets.toml {want}")
+    probe = ["python", "-m", "entrypoint", "probe"]
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if serve.get(kind, {}).get("exec", {}).get("command") != probe:
+            problems.append(f"{name}: {kind} is not the watcher's probe")
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    if budget != svc.start_budget:
+        problems.append(f"{name}: startupProbe allows {budget} s, start-budget {svc.start_budget}")
+    gpus = serve["resources"]["limits"].get("nvidia.com/gpu", 0)
+    if gpus != svc.gpus:
+        problems.append(f"{name}: {gpus} GPUs, targets.toml says {svc.gpus}")
+    return problems
+
+
 def kubernetes_drift(documents: dict[str, str], manifest: targets.Manifest) -> list[str]:
     problems = []
     for stem, text in documents.items():
         for doc in yaml.safe_load_all(text):
-            if not doc or doc.get("kind") != "Deployment":
+            if not doc or not pod_specs(doc):
                 continue
             name = doc["metadata"]["name"]
             if name not in manifest.services:
-                problems.append(f"{stem}: Deployment {name} is no service of targets.toml")
+                problems.append(f"{stem}: {doc['kind']} {name} is no service of targets.toml")
                 continue
             svc = manifest.service(name)
-            want = svc.kubernetes_probe
-            if not want:
+            if not svc.kubernetes_probe:
                 problems.append(f"{name}: targets.toml has no kubernetes-probe")
                 continue
-            spec = doc["spec"]["template"]["spec"]
-            serve = next(c for c in spec["containers"] if c["name"] == "serve")
-            if serve["image"] != manifest.target(svc.target).tags[0]:
-                problems.append(f"{name}: image {serve['image']}")
-            startup, ready = serve["startupProbe"], serve["readinessProbe"]
-            live = serve["livenessProbe"]
-            found = {
-                "startup-period": startup["periodSeconds"],
-                "readiness-period": ready["periodSeconds"],
-                "readiness-failures": ready["failureThreshold"],
-                "liveness-period": live["periodSeconds"],
-                "liveness-failures": live["failureThreshold"],
-                "timeout": startup["timeoutSeconds"],
-            }
-            timeouts = {ready["timeoutSeconds"], live["timeoutSeconds"]}
-            if found != want or timeouts != {want["timeout"]}:
-                problems.append(f"{name}: probes {found} != targets.toml {want}")
-            probe = ["python", "-m", "entrypoint", "probe"]
-            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-                if serve[kind].get("exec", {}).get("command") != probe:
-                    problems.append(f"{name}: {kind} is not the watcher's probe")
-            budget = startup["periodSeconds"] * startup["failureThreshold"]
-            if budget != svc.start_budget:
-                problems.append(
-                    f"{name}: startupProbe allows {budget} s, start-budget {svc.start_budget}"
-                )
-            gpus = serve["resources"]["limits"].get("nvidia.com/gpu", 0)
-            if gpus != svc.gpus:
-                problems.append(f"{name}: {gpus} GPUs, targets.toml says {svc.gpus}")
+            for role, spec in pod_specs(doc):
+                problems += _pod_drift(f"{name}{role}", spec, svc, manifest)
     return problems
 
 
@@ -190,11 +207,33 @@ def test_kubernetes_matches(manifest: targets.Manifest) -> None:
         "          livenessProbe:\n            httpGet: {path: /health, port: http}",
     )
     assert kubernetes_drift(drifted, manifest) == ["glm5: livenessProbe is not the watcher's probe"]
+    # Each template of the LeaderWorkerSet is checked on its own.
+    lws = KUBERNETES["glm5-lws"]
+    worker_at = lws.index("workerTemplate:")
+    for old, new, what in [
+        ("failureThreshold: 4\n", "failureThreshold: 5\n", "glm5-lws worker: probes"),
+        ("limits: {memory: 240Gi, nvidia.com/gpu: 4}", "limits: {memory: 240Gi, nvidia.com/gpu: 8}",
+         "glm5-lws worker: 8 GPUs"),
+    ]:
+        assert old in lws[worker_at:], old
+        text = lws[:worker_at] + lws[worker_at:].replace(old, new, 1)
+        problems = kubernetes_drift({"glm5-lws": text}, manifest)
+        assert len(problems) == 1 and problems[0].startswith(what), (old, problems)
+    text = lws.replace("periodSeconds: 15", "periodSeconds: 20", 1)  # the leader's liveness
+    assert [p[:23] for p in kubernetes_drift({"glm5-lws": text}, manifest)] == [
+        "glm5-lws leader: probes"
+    ]
 
 
 def test_every_deployment_service_has_a_kubernetes_manifest(manifest: targets.Manifest) -> None:
     with_probes = {name for name, svc in manifest.services.items() if svc.kubernetes_probe}
     assert with_probes == set(KUBERNETES)
+
+
+def test_a_kubernetes_only_service_needs_no_compose_service(manifest: targets.Manifest) -> None:
+    assert not manifest.service("glm5-lws").compose
+    assert "glm5-lws" not in yaml.safe_load(COMPOSE)["services"]
+    assert compose_drift(yaml.safe_load(COMPOSE), manifest) == []
 
 
 def test_scripts_hold_no_copy_of_the_manifest(manifest: targets.Manifest) -> None:

@@ -15,7 +15,12 @@
 #  9. GLM-5's architecture: build runtime-cpu-glm5 (a tiny glm-dsa GGUF written at
 #     build time with its transformers reference), `--profile smoke-glm5 up --wait`,
 #     probe, and greedy ids for the reference prompts that equal the reference's
-# 10. stop the engine if this script started it
+# 10. two containers as two nodes (smoke-2node, smoke-2node-worker: PP 2 across
+#     them over 127.0.0.1): both healthy, the same greedy text as smoke's single
+#     node, the worker killed makes the leader unhealthy naming the lost node within
+#     a bounded time, and `down` leaves no container of the project
+# 11. stop the engine if this script started it
+# E2E_ONLY=smoke-2node runs steps 1-5 and 10 only (the two-node check by itself).
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,12 +36,12 @@ service=smoke
 
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 compose() {
-    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port \
-        "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
+    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port SMOKE_2NODE_PORT=$port \
+        SMOKE_2NODE_STORE_PORT=${store_port:-} "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
 }
-health() {
+health() {  # health [SERVICE]
     local id
-    id=$(compose ps -q "$service")
+    id=$(compose ps -q "${1:-$service}")
     [[ -n $id ]] && "$DOCKER" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id"
 }
 wait_health() {  # wait_health WANTED SECONDS
@@ -126,6 +131,10 @@ installed_matches_lock "$tag"
 
 up smoke
 complete
+single_text=$text
+if [[ ${E2E_ONLY:-} == smoke-2node ]]; then
+    down
+else
 
 step "SIGSTOP the vLLM server: compose must report unhealthy"
 compose kill -s SIGSTOP smoke
@@ -158,4 +167,41 @@ reference=$(mktemp)
 python3 checks/image/check_glm5_reference.py "http://127.0.0.1:$port" "$model" "$reference"
 rm -f "$reference"
 down
+fi  # E2E_ONLY
+
+service=smoke-2node
+eval "$(PYTHONPATH=build python3 -m pipeline targets shell --service smoke-2node)"
+port=$(free_port)
+store_port=$(free_port)
+step "compose --profile smoke-2node up -d --wait: leader and worker (API $port, store $store_port)"
+compose_up=1
+compose up -d --wait --wait-timeout "$wait"
+for node in smoke-2node smoke-2node-worker; do
+    [[ $(health "$node") == healthy ]] || { log "$node is $(health "$node")"; exit 1; }
+    "$DOCKER" exec "$(compose ps -q "$node")" python -m entrypoint probe
+done
+compose ps
+complete
+[[ $text == "$single_text" ]] || { log "two nodes gave $text, one node $single_text"; exit 1; }
+log "two nodes give the single node's greedy text"
+
+step "kill the worker: the leader must turn unhealthy, naming the lost node"
+compose kill -s SIGKILL smoke-2node-worker
+killed=$(date +%s)
+leader=$(compose ps -q smoke-2node)
+until "$DOCKER" exec "$leader" python -m entrypoint status | grep -q '"phase": "unhealthy"'; do
+    if [[ $(($(date +%s) - killed)) -gt 60 ]]; then
+        log "the leader is still not unhealthy 60 s after the worker was killed"
+        "$DOCKER" exec "$leader" python -m entrypoint status || true
+        exit 1
+    fi
+    sleep 1
+done
+log "leader unhealthy $(($(date +%s) - killed)) s after the kill"
+"$DOCKER" exec "$leader" python -m entrypoint status | grep '"reason"' | grep 'lost a worker node (node rank 1)'
+wait_health unhealthy 60  # compose's own healthcheck (probe) agrees
+down
+left=$("$DOCKER" ps -aq --filter "label=com.docker.compose.project=$PROJECT")
+[[ -z $left ]] || { log "down left containers: $left"; exit 1; }
+log "down left nothing running"
 step "e2e passed"

@@ -2,7 +2,8 @@
 # make lint-deploy: every deployment file, with the pinned linters (tools.txt).
 #   hadolint (each ignored rule must carry a comment saying why), compose v2
 #   `config` for every service and profile, the compose-spec schema,
-#   kubernetes-validate, shellcheck on every shell script, ruff on image code.
+#   kubernetes-validate, LeaderWorkerSets against the vendored LWS CRD schema
+#   (check_lws.py), shellcheck on every shell script, ruff on image code.
 # Needs no Docker engine.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,6 +46,8 @@ compose_config() {
 check "docker compose config (compose v2, every service and profile)" compose_config
 check "compose-spec schema" "$bin/check-jsonschema" --builtin-schema vendor.compose-spec docker-compose.yml
 check "kubernetes-validate" "$bin/kubernetes-validate" --strict deploy/kubernetes/*.yaml
+# kubernetes-validate only warns on a LeaderWorkerSet; the vendored LWS CRD's schema checks it.
+check "LeaderWorkerSet against the vendored LWS CRD" "$bin/python" build/docker/check_lws.py deploy/kubernetes/*.yaml
 
 shell_scripts() {
     local f

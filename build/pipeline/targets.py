@@ -66,6 +66,7 @@ class Service:
     gpus: int = 0
     kubernetes_probe: dict[str, int] = field(default_factory=dict)
     smoke: dict[str, object] = field(default_factory=dict)
+    compose: bool = True  # False: a Kubernetes-only service (no compose service, no port-env)
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,11 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
     services: dict[str, Service] = {}
     for name, entry in (data.get("services") or {}).items():
         where = f"{path}: [services.{name}]"
-        _required(entry, ("target", "port", "port-env", "start-budget"), where)
+        in_compose = entry.get("compose", True)
+        if not isinstance(in_compose, bool):
+            raise PipelineError(f"{where}: compose must be true or false")
+        needed = ("target", "port", "start-budget") + (("port-env",) if in_compose else ())
+        _required(entry, needed, where)
         if entry["target"] not in targets:
             raise PipelineError(f"{where}: target {entry['target']!r} is not in [targets]")
         port = entry["port"]
@@ -219,16 +224,19 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             name=name,
             target=entry["target"],
             port=port,
-            port_env=entry["port-env"],
+            port_env=entry.get("port-env", ""),
             start_budget=_second(entry["start-budget"], f"{where}: start-budget"),
             compose_probe=_seconds(
                 entry, "compose-probe", where, ("interval", "timeout", "retries")
-            ),
+            )
+            if in_compose or "compose-probe" in entry
+            else {},
             gpus=int(entry.get("gpus", 0)),
             kubernetes_probe=_seconds(entry, "kubernetes-probe", where, ())
             if "kubernetes-probe" in entry
             else {},
             smoke=dict(smoke),
+            compose=in_compose,
         )
     return Manifest(path=path, locks=locks, targets=targets, services=services)
 

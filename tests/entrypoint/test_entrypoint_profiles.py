@@ -54,6 +54,30 @@ def test_glm5(vllm_table) -> None:
     assert "SERVE_PREFLIGHT_GGUF" in read_env_file(str(PROFILES / "glm5.env"))
 
 
+@pytest.mark.parametrize(("rank", "program"), [
+    ("0", "vllm.entrypoints.openai.api_server"), ("1", "entrypoint.vllm_serve")])
+def test_glm5_2node(vllm_table, rank: str, program: str) -> None:
+    """TP4 × PP2 over 2 nodes; each node adds its rank and the leader's address (LWS)."""
+    env = {**read_env_file(str(PROFILES / "glm5-2node.env")), "SERVE_NODE_RANK": rank,
+           "SERVE_MASTER_ADDR": "glm5-lws-0.glm5-lws.default"}  # fmt: skip
+    rendered = render(env)
+    argv = rendered.argv[len(rendered.program) :]
+    assert rendered.program[-1] == program
+    single = pairs(options("glm5.env"))
+    del single["--tensor-parallel-size"]
+    assert pairs(argv) == {
+        **single,
+        "--tensor-parallel-size": "4",
+        "--pipeline-parallel-size": "2",
+        "--nnodes": "2",
+        "--node-rank": rank,
+        "--master-addr": "glm5-lws-0.glm5-lws.default",
+        "--master-port": "29501",
+        **({"--headless": None} if rank == "1" else {}),
+    }
+    assert rendered.node.role == ("leader" if rank == "0" else "worker")
+
+
 def test_qwen36_dflash(vllm_table) -> None:
     argv = options("qwen36-dflash.env")
     assert pairs(argv) == {
@@ -67,7 +91,7 @@ def test_qwen36_dflash(vllm_table) -> None:
     }
 
 
-@pytest.mark.parametrize("name", ["glm5.env", "qwen36-dflash.env"])
+@pytest.mark.parametrize("name", ["glm5.env", "glm5-2node.env", "qwen36-dflash.env"])
 def test_profiles_are_portable(name: str) -> None:
     """Only SERVE_ names, and nothing that compose or Kubernetes would read differently."""
     text = (PROFILES / name).read_text()
@@ -100,10 +124,25 @@ def test_every_service_drains_within_its_stop_grace_period() -> None:
         assert grace >= shutdown + teardown, f"{name}: stop_grace_period {grace:g} s"
         checked.append(name)
     assert {"glm5", "qwen36-dflash", "smoke", "smoke-gguf"} <= set(checked)
+    seen = 0
     for manifest in sorted((REPO / "deploy" / "kubernetes").glob("*.yaml")):
-        profile = REPO / "profiles" / f"{manifest.stem}.env"
-        shutdown = float(read_env_file(str(profile))["SERVE_SHUTDOWN_TIMEOUT"])
         for doc in yaml.safe_load_all(manifest.read_text()):
-            if doc and doc.get("kind") == "Deployment":
-                grace = doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            for pod in _pod_templates(doc or {}):
+                serve = next(c for c in pod["containers"] if c["name"] == "serve")
+                # The profile is the ConfigMap made from profiles/NAME.env (NAME-profile).
+                config_map = serve["envFrom"][0]["configMapRef"]["name"]
+                profile = REPO / "profiles" / f"{config_map.removesuffix('-profile')}.env"
+                shutdown = float(read_env_file(str(profile))["SERVE_SHUTDOWN_TIMEOUT"])
+                grace = pod["terminationGracePeriodSeconds"]
                 assert grace >= shutdown + 30, f"{manifest.name}: grace {grace} s"
+                seen += 1
+    assert seen == 4  # glm5, qwen36-dflash, and glm5-lws's leader and worker
+
+
+def _pod_templates(doc: dict) -> list[dict]:
+    if doc.get("kind") == "Deployment":
+        return [doc["spec"]["template"]["spec"]]
+    if doc.get("kind") == "LeaderWorkerSet":
+        group = doc["spec"]["leaderWorkerTemplate"]
+        return [group["leaderTemplate"]["spec"], group["workerTemplate"]["spec"]]
+    return []
