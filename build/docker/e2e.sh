@@ -15,12 +15,14 @@
 #  9. GLM-5's architecture: build runtime-cpu-glm5 (a tiny glm-dsa GGUF written at
 #     build time with its transformers reference), `--profile smoke-glm5 up --wait`,
 #     probe, and greedy ids for the reference prompts that equal the reference's
-# 10. two containers as two nodes (smoke-2node, smoke-2node-worker: PP 2 across
-#     them over 127.0.0.1): both healthy, the same greedy text as smoke's single
-#     node, the worker killed makes the leader unhealthy naming the lost node within
-#     a bounded time, and `down` leaves no container of the project
+# 10. two containers as two nodes, after each single-node run they compare with:
+#     smoke-2node (+ -worker: the tiny model, PP 2 across them) and smoke-gguf-2node
+#     (the Gemma GGUF, PP 2), over 127.0.0.1: both healthy, probe in each, the same
+#     greedy text as the single node; for smoke-2node, the worker killed makes the
+#     leader unhealthy naming the lost node within 60 s; `down` leaves no container
 # 11. stop the engine if this script started it
-# E2E_ONLY=smoke-2node runs steps 1-5 and 10 only (the two-node check by itself).
+# E2E_ONLY=2node runs steps 1-5, the first GGUF start and 10 (no SIGSTOP, second
+# cold start or GLM-5): the two-node checks with what they compare with.
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,11 +35,14 @@ PROJECT=frontier-e2e
 started=$(date +%s)
 compose_up=0
 service=smoke
+only=${E2E_ONLY:-}  # 2node: the two-node checks and the single-node runs they compare with
+[[ -z $only || $only == 2node ]] || { log "E2E_ONLY=$only: only 2node is known"; exit 2; }
 
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 compose() {
     SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port SMOKE_2NODE_PORT=$port \
-        SMOKE_2NODE_STORE_PORT=${store_port:-} "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
+        SMOKE_GGUF_2NODE_PORT=$port SMOKE_2NODE_STORE_PORT=${store_port:-} \
+        SMOKE_GGUF_2NODE_STORE_PORT=${store_port:-} "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
 }
 health() {  # health [SERVICE]
     local id
@@ -83,6 +88,47 @@ down() {
     step "compose down ($service)"
     compose down --volumes --timeout 20
     compose_up=0
+}
+
+two_nodes() {  # two_nodes LEADER SINGLE_TEXT [kill-worker]: LEADER and LEADER-worker as two nodes
+    local leader=$1 single=$2 node id killed
+    service=$leader
+    eval "$(PYTHONPATH=build python3 -m pipeline targets shell --service "$leader")"
+    port=$(free_port)
+    store_port=$(free_port)
+    step "compose --profile $leader up -d --wait: leader and worker (API $port, store $store_port)"
+    compose_up=1
+    compose up -d --wait --wait-timeout "$wait"
+    for node in "$leader" "$leader-worker"; do
+        [[ $(health "$node") == healthy ]] || { log "$node is $(health "$node")"; exit 1; }
+        "$DOCKER" exec "$(compose ps -q "$node")" python -m entrypoint probe
+    done
+    compose ps
+    complete
+    [[ $text == "$single" ]] || { log "two nodes gave $text, one node $single"; exit 1; }
+    log "two nodes give the single node's greedy text"
+    if [[ ${3:-} == kill-worker ]]; then
+        step "kill the worker: the leader must turn unhealthy, naming the lost node"
+        compose kill -s SIGKILL "$leader-worker"
+        killed=$(date +%s)
+        id=$(compose ps -q "$leader")
+        until "$DOCKER" exec "$id" python -m entrypoint status | grep -q '"phase": "unhealthy"'; do
+            if [[ $(($(date +%s) - killed)) -gt 60 ]]; then
+                log "the leader is still not unhealthy 60 s after the worker was killed"
+                "$DOCKER" exec "$id" python -m entrypoint status || true
+                exit 1
+            fi
+            sleep 1
+        done
+        log "leader unhealthy $(($(date +%s) - killed)) s after the kill"
+        "$DOCKER" exec "$id" python -m entrypoint status | grep '"reason"' | grep 'lost a worker node (node rank 1)'
+        wait_health unhealthy 60  # compose's own healthcheck (probe) agrees
+    fi
+    down
+    local left
+    left=$("$DOCKER" ps -aq --filter "label=com.docker.compose.project=$PROJECT")
+    [[ -z $left ]] || { log "down left containers: $left"; exit 1; }
+    log "down left nothing running"
 }
 
 cleanup() {
@@ -132,18 +178,17 @@ installed_matches_lock "$tag"
 up smoke
 complete
 single_text=$text
-if [[ ${E2E_ONLY:-} == smoke-2node ]]; then
-    down
-else
-
-step "SIGSTOP the vLLM server: compose must report unhealthy"
-compose kill -s SIGSTOP smoke
-wait_health unhealthy 120
-"$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe && { log "probe passed on a stopped server"; exit 1; }
-compose kill -s SIGCONT smoke
-wait_health healthy 120
-
+if [[ $only != 2node ]]; then
+    step "SIGSTOP the vLLM server: compose must report unhealthy"
+    compose kill -s SIGSTOP smoke
+    wait_health unhealthy 120
+    "$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe && { log "probe passed on a stopped server"; exit 1; }
+    compose kill -s SIGCONT smoke
+    wait_health healthy 120
+fi
 down
+
+two_nodes smoke-2node "$single_text" kill-worker
 
 step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
 DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
@@ -151,57 +196,26 @@ up smoke-gguf
 complete
 first=$text
 down
-# A second cold start (a new container) must give the same greedy text.
-up smoke-gguf
-complete
-[[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
-log "same completion after a second cold start"
-down
+if [[ $only != 2node ]]; then
+    # A second cold start (a new container) must give the same greedy text.
+    up smoke-gguf
+    complete
+    [[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
+    log "same completion after a second cold start"
+    down
+fi
 
-step "build runtime-cpu-glm5 (tiny GLM-5 GGUF on runtime-cpu)"
-DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-glm5 --quiet >/dev/null
-up smoke-glm5
-step "greedy ids from $model equal the reference written at build time"
-reference=$(mktemp)
-"$DOCKER" exec "$(compose ps -q smoke-glm5)" cat /opt/glm5/reference.json >"$reference"
-python3 checks/image/check_glm5_reference.py "http://127.0.0.1:$port" "$model" "$reference"
-rm -f "$reference"
-down
-fi  # E2E_ONLY
+two_nodes smoke-gguf-2node "$first"
 
-service=smoke-2node
-eval "$(PYTHONPATH=build python3 -m pipeline targets shell --service smoke-2node)"
-port=$(free_port)
-store_port=$(free_port)
-step "compose --profile smoke-2node up -d --wait: leader and worker (API $port, store $store_port)"
-compose_up=1
-compose up -d --wait --wait-timeout "$wait"
-for node in smoke-2node smoke-2node-worker; do
-    [[ $(health "$node") == healthy ]] || { log "$node is $(health "$node")"; exit 1; }
-    "$DOCKER" exec "$(compose ps -q "$node")" python -m entrypoint probe
-done
-compose ps
-complete
-[[ $text == "$single_text" ]] || { log "two nodes gave $text, one node $single_text"; exit 1; }
-log "two nodes give the single node's greedy text"
-
-step "kill the worker: the leader must turn unhealthy, naming the lost node"
-compose kill -s SIGKILL smoke-2node-worker
-killed=$(date +%s)
-leader=$(compose ps -q smoke-2node)
-until "$DOCKER" exec "$leader" python -m entrypoint status | grep -q '"phase": "unhealthy"'; do
-    if [[ $(($(date +%s) - killed)) -gt 60 ]]; then
-        log "the leader is still not unhealthy 60 s after the worker was killed"
-        "$DOCKER" exec "$leader" python -m entrypoint status || true
-        exit 1
-    fi
-    sleep 1
-done
-log "leader unhealthy $(($(date +%s) - killed)) s after the kill"
-"$DOCKER" exec "$leader" python -m entrypoint status | grep '"reason"' | grep 'lost a worker node (node rank 1)'
-wait_health unhealthy 60  # compose's own healthcheck (probe) agrees
-down
-left=$("$DOCKER" ps -aq --filter "label=com.docker.compose.project=$PROJECT")
-[[ -z $left ]] || { log "down left containers: $left"; exit 1; }
-log "down left nothing running"
+if [[ $only != 2node ]]; then
+    step "build runtime-cpu-glm5 (tiny GLM-5 GGUF on runtime-cpu)"
+    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-glm5 --quiet >/dev/null
+    up smoke-glm5
+    step "greedy ids from $model equal the reference written at build time"
+    reference=$(mktemp)
+    "$DOCKER" exec "$(compose ps -q smoke-glm5)" cat /opt/glm5/reference.json >"$reference"
+    python3 checks/image/check_glm5_reference.py "http://127.0.0.1:$port" "$model" "$reference"
+    rm -f "$reference"
+    down
+fi
 step "e2e passed"
