@@ -172,16 +172,7 @@ def gpus_per_node_problems(namespace: argparse.Namespace, env: Mapping[str, str]
 
 
 def leader_timeout(env: Mapping[str, str]) -> float:
-    raw = env.get(settings.LEADER_TIMEOUT, "").strip()
-    if not raw:
-        return DEFAULT_LEADER_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(f"{settings.LEADER_TIMEOUT}={raw!r}: expected a number") from None
-    if not 1 <= value <= 86400:  # False for nan too
-        raise SettingError(f"{settings.LEADER_TIMEOUT}={raw!r}: must be from 1 to 86400 seconds")
-    return value
+    return settings.number(env, settings.LEADER_TIMEOUT, DEFAULT_LEADER_TIMEOUT, 1, 86400)
 
 
 def try_connect(host: str, port: int, timeout: float) -> str | None:

@@ -99,7 +99,7 @@ def parse_bool(name: str, value: str) -> bool:
     raise SettingError(f"{name}={value!r}: expected a boolean (true, false, 1 or 0)")
 
 
-def _number(
+def number(
     env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float
 ) -> float:
     """A finite number in [minimum, maximum]: `inf` or `nan` would busy-loop the watcher
@@ -182,13 +182,13 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
     settings = WatchSettings(
         ready_file=ready,
         status_file=status_path_for(ready, env),
-        interval=read(_number, HEALTH_INTERVAL, 2.0, 0.1, 3600.0),
-        timeout=read(_number, HEALTH_TIMEOUT, 2.0, 0.1, 600.0),
+        interval=read(number, HEALTH_INTERVAL, 2.0, 0.1, 3600.0),
+        timeout=read(number, HEALTH_TIMEOUT, 2.0, 0.1, 600.0),
         failures=read(_count, HEALTH_FAILURES, 3, 1, 1000),
-        stale_after=read(_number, STALE_AFTER, 15.0, 1.0, 86400.0),
-        wedge_seconds=read(_number, WEDGE_SECONDS, DEFAULT_WEDGE_SECONDS, 0.0, 86400.0),
-        generation_check_interval=read(_number, GENERATION_CHECK_INTERVAL, 0.0, 0.0, 86400.0),
-        generation_check_timeout=read(_number, GENERATION_CHECK_TIMEOUT, 60.0, 1.0, 3600.0),
+        stale_after=read(number, STALE_AFTER, 15.0, 1.0, 86400.0),
+        wedge_seconds=read(number, WEDGE_SECONDS, DEFAULT_WEDGE_SECONDS, 0.0, 86400.0),
+        generation_check_interval=read(number, GENERATION_CHECK_INTERVAL, 0.0, 0.0, 86400.0),
+        generation_check_timeout=read(number, GENERATION_CHECK_TIMEOUT, 60.0, 1.0, 3600.0),
     )
     if os.path.abspath(settings.ready_file) == os.path.abspath(settings.status_file):
         problems.append(
