@@ -113,7 +113,7 @@ two_nodes() {  # two_nodes LEADER SINGLE_TEXT [kill-worker]: LEADER and LEADER-w
         compose kill -s SIGKILL "$leader-worker"
         killed=$(date +%s)
         id=$(compose ps -q "$leader")
-        until "$DOCKER" exec "$id" python -m entrypoint status | grep -q '"phase": "unhealthy"'; do
+        until "$DOCKER" exec "$id" python -m entrypoint status --json | grep -q '"phase": "unhealthy"'; do
             if [[ $(($(date +%s) - killed)) -gt 60 ]]; then
                 log "the leader is still not unhealthy 60 s after the worker was killed"
                 "$DOCKER" exec "$id" python -m entrypoint status || true
@@ -122,7 +122,7 @@ two_nodes() {  # two_nodes LEADER SINGLE_TEXT [kill-worker]: LEADER and LEADER-w
             sleep 1
         done
         log "leader unhealthy $(($(date +%s) - killed)) s after the kill"
-        "$DOCKER" exec "$id" python -m entrypoint status | grep '"reason"' | grep 'lost a worker node (node rank 1)'
+        "$DOCKER" exec "$id" python -m entrypoint status --json | grep '"reason"' | grep 'lost a worker node (node rank 1)'
         wait_health unhealthy 60  # compose's own healthcheck (probe) agrees
     fi
     down
