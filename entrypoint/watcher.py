@@ -108,9 +108,9 @@ class Tracker:
     pid_start: str | None = field(init=False, default=None)
     steps: Steps = field(init=False)
     log: LogTail | None = field(init=False, default=None)
-    unhealthy_because: str | None = None  # the watchdog's or the generation check's finding
     speculative: dict[str, Any] | None = None
     loading_start: tuple[float, int] | None = None  # (time, bytes) of the first progress seen
+    history: dict[str, Any] | None = field(init=False, default=None)  # the last good start
 
     def __post_init__(self) -> None:
         self.since = self.clock()
@@ -119,6 +119,8 @@ class Tracker:
         self.steps.enter(STARTING_VLLM, self.since)
         if self.config.log_file:
             self.log = LogTail(self.config.log_file)
+        if self.config.history_file:  # read once: only this start's readiness rewrites it
+            self.history = startup_history.load(self.config.history_file)
 
     def read_log(self) -> None:
         """vLLM's new log records: its milestones become steps."""
@@ -150,14 +152,12 @@ class Tracker:
         the watchdog found (`wedged`, only looked for while the endpoints answer)."""
         if error is None and wedged is not None:
             self.failures_in_row = 0
-            self.unhealthy_because = wedged
             if self.ever_ready:
                 if self.phase != UNHEALTHY:
                     self.last_error, self.last_error_at = wedged, self.clock()
                 self._enter(UNHEALTHY, wedged)
         elif error is None:
             self.failures_in_row = 0
-            self.unhealthy_because = None
             if not self.ever_ready:
                 self.became_ready()
             self.ever_ready = True
@@ -230,10 +230,9 @@ class Tracker:
                 log_part["log_tail"] = list(self.log.lines)
         elif self.config.log_capture_off:
             log_part["log_capture"] = f"off: {self.config.log_capture_off}"
-        if self.config.history_file and not self.ever_ready and self.phase != EXITED:
+        if not self.ever_ready and self.phase != EXITED:
             started = self.steps.entries[0]["at"] if self.steps.entries else None
-            eta = startup_history.estimate(startup_history.load(self.config.history_file),
-                                           started, now, self.config.argv_digest)
+            eta = startup_history.estimate(self.history, started, now, self.config.argv_digest)
             if eta:
                 log_part["eta"] = eta
         current = self.steps.entries[-1] if self.steps.entries else {}
@@ -280,25 +279,6 @@ def _opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def check_health(base_url: str, timeout: float, api_key: str | None) -> str | None:
-    """None when /health and /v1/models both answer 200, else a short error."""
-    opener = _opener()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    for path in ("/health", "/v1/models"):
-        request = urllib.request.Request(base_url + path, headers=headers)
-        try:
-            with opener.open(request, timeout=timeout) as response:
-                body = response.read()
-                if path == "/v1/models" and not json.loads(body).get("data"):
-                    return "GET /v1/models: no model listed"
-        except urllib.error.HTTPError as exc:
-            return f"GET {path}: HTTP {exc.code}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            detail = getattr(exc, "reason", exc)
-            return f"GET {path}: {detail}"
-    return None
-
-
 def _get(base_url: str, path: str, timeout: float, api_key: str | None,
          body: dict[str, Any] | None = None) -> bytes:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -309,6 +289,21 @@ def _get(base_url: str, path: str, timeout: float, api_key: str | None,
     request = urllib.request.Request(base_url + path, data=data, headers=headers)
     with _opener().open(request, timeout=timeout) as response:
         return response.read()
+
+
+def check_health(base_url: str, timeout: float, api_key: str | None) -> str | None:
+    """None when /health and /v1/models both answer 200, else a short error."""
+    for path in ("/health", "/v1/models"):
+        try:
+            body = _get(base_url, path, timeout, api_key)
+            if path == "/v1/models" and not json.loads(body).get("data"):
+                return "GET /v1/models: no model listed"
+        except urllib.error.HTTPError as exc:
+            return f"GET {path}: HTTP {exc.code}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            detail = getattr(exc, "reason", exc)
+            return f"GET {path}: {detail}"
+    return None
 
 
 def scrape_metrics(base_url: str, timeout: float, api_key: str | None) -> dict[str, float] | None:
