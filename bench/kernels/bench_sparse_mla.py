@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -325,8 +326,11 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     mid = lambda h: h == 32  # noqa: E731
     many = lambda h: h >= 64  # noqa: E731
 
-    def g(block_h: int, warps: int, **kw: bool) -> object:
+    def g(block_h: int, warps: int, **kw: object) -> object:
         return cfg(block_h, 64, warps, 2, per_sm=1, pdl=True, gluon=True, **kw)
+
+    def g3(block_h: int, **kw: object) -> object:  # three KV buffers (fits up to 8 heads)
+        return cfg(block_h, 64, 8, 3, per_sm=1, pdl=True, gluon=True, **kw)
 
     # The launch-time choice before the Gluon kernel (2026-12-01), and the runner-ups.
     return {
@@ -341,6 +345,16 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "g_h16_late": (g(16, 8, late_issue=True), few),
         "g_h32_late": (g(32, 8, late_issue=True), mid),
         "g_h64_early": (g(64, 8), many),
+        # Warp-specialised (producer warps gather): three buffers (b3), p.V left in
+        # flight over the next q.kT (d), row sums kept per row at 64 heads (sl).
+        "ws_h8_b3": (g3(8, dup_s=True, producer_warps=4), lambda h: h <= 8),
+        "ws_h8": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
+        "ws_h16": (g(16, 8, producer_warps=4), few),
+        "ws_h32": (g(32, 8, producer_warps=4), mid),
+        "ws_h32_d": (g(32, 8, producer_warps=4, defer_pv=True), mid),
+        "ws_h64": (g(64, 8, producer_warps=4), many),
+        "ws_h64_sl": (g(64, 8, producer_warps=4, sum_late=True), many),
+        "ws_h64_sl_d": (g(64, 8, producer_warps=4, sum_late=True, defer_pv=True), many),
     }
 
 
@@ -418,6 +432,8 @@ def run(args: argparse.Namespace) -> int:
     )
     tokens = [*args.batches, *args.prefill]
     sweep = sweep_variants(mod) if args.sweep else {}
+    if args.variants:  # name patterns: time only these beside the launch-time choice
+        sweep = {k: v for k, v in sweep.items() if any(fnmatch(k, p) for p in args.variants)}
     variants: dict[str, tuple[object | None, Callable[[int], bool]]] = {
         "ours": (None, lambda h: True),
         **sweep,
@@ -528,6 +544,7 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, nargs="*", default=list(PREFILL), help="prefill rows")
     ap.add_argument("--slots", type=int, default=1 << 21, help="KV cache rows (2M = 2.4 GB bf16)")
     ap.add_argument("--sweep", action="store_true", help="also time the candidate configs")
+    ap.add_argument("--variants", nargs="*", help="with --sweep: only names matching these")
     ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
     ap.add_argument("--wait-for", type=Path, help="after compiling, wait for this file to exist")
     args = ap.parse_args()

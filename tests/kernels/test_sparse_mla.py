@@ -220,6 +220,16 @@ GLUON_CFGS = [
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
     mod.SparseMLAConfig(64, 64, 16, 2, per_sm=1, gluon=True),
     mod.SparseMLAConfig(8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True),
+    # Warp-specialised: producer warps gather, mbarrier handshakes with the MMA warps.
+    mod.SparseMLAConfig(8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
+                        producer_regs=88),
+    mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        producer_regs=64),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, producer_regs=64),
+    mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, producer_regs=48),
+    mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        sum_late=True, defer_pv=True),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, defer_pv=True),
 ]
 
 

@@ -38,6 +38,7 @@ try:  # Gluon (explicit shared memory, cp.async and wgmma): the SM90 kernel belo
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared as gl_fence_async_shared,
     )
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_init
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma as gl_wgmma
     from triton.experimental.gluon.language.nvidia.hopper import (
         warpgroup_mma_wait as gl_wgmma_wait,
@@ -74,6 +75,12 @@ class SparseMLAConfig:
     gluon: bool = False
     dup_s: bool = False  # Gluon: every warpgroup computes all of sT (see the kernel)
     late_issue: bool = False  # Gluon: issue the next gather after this tile's q.kT
+    # Gluon: producer warps of their own gather the tiles (warp specialisation);
+    # 0 keeps the gathers in the MMA warps. producer_regs is their register cap.
+    producer_warps: int = 0
+    producer_regs: int = 88
+    sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
+    defer_pv: bool = False  # Gluon with producer warps: overlap p.V with the next q.kT
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -90,7 +97,7 @@ class SparseMLAConfig:
         kv_tile = self.block_n * D_QK * kv_bytes
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
             p_tile = self.block_n * self.block_h * 2
-            return self.num_stages * kv_tile + self.block_h * D_QK * 2 + p_tile + 1024
+            return self.num_stages * kv_tile + self.block_h * D_QK * 2 + p_tile + 1024 + 64
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
         q_tile = self.block_h * D_QK * 2
@@ -269,82 +276,91 @@ if _HAS_GLUON:
         """cp.async one tile of gathered rows (latent and rope parts) into shared memory.
 
         Slots < 0 copy nothing (the rows are zero-filled)."""
+        # Slots are int32 (block * block_size + offset): divide in 32 bits, widen after.
         valid_g = slot_g >= 0
-        sg = gl.where(valid_g, slot_g, 0).to(gl.int64)
+        sg = gl.where(valid_g, slot_g, 0)
         bg = sg // PAGE
-        rows_g = kv_ptr + bg * stride_kvb + (sg - bg * PAGE) * stride_kvs
+        rows_g = kv_ptr + bg.to(gl.int64) * stride_kvb + (sg - bg * PAGE).to(gl.int64) * stride_kvs
         gl_cp.async_copy_global_to_shared(
             kv_buf, rows_g[:, None] + cols_g[None, :], mask=valid_g[:, None]
         )
         valid_r = slot_r >= 0
-        sr = gl.where(valid_r, slot_r, 0).to(gl.int64)
+        sr = gl.where(valid_r, slot_r, 0)
         br = sr // PAGE
-        rows_r = kv_ptr + br * stride_kvb + (sr - br * PAGE) * stride_kvs + DV
+        rows_r = kv_ptr + br.to(gl.int64) * stride_kvb + (sr - br * PAGE).to(gl.int64) * stride_kvs
+        rows_r = rows_r + DV
         gl_cp.async_copy_global_to_shared(
             kpe_buf, rows_r[:, None] + cols_r[None, :], mask=valid_r[:, None]
         )
         gl_cp.commit_group()
 
-    # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
-    # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
-    # tensor cores read from shared memory once a tile (the Triton kernel's
-    # mma.sync has every warp re-read its q fragments per tile). The pipeline is
-    # written out: the gather of tile i + NBUF - 1 goes out before tile i's MMAs
-    # and its slots were read a tile earlier. Triton's pipeliner, given the same
-    # KV-major loop, issued the next gather after both MMAs and read its slots
-    # right before it, exposing both latencies every tile.
-    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
-    def _sparse_mla_split_kernel_sm90(
-        q_ptr,
-        kv_ptr,
-        idx_ptr,
-        o_ptr,
-        lse_ptr,
-        po_ptr,
-        plse_ptr,
-        qk_scale,
-        v_scale,
-        H,
-        TOPK,
-        SPLIT_LEN,
-        NUM_SPLITS,
-        NUM_HBLK,
-        PAGE,
-        stride_qt,
-        stride_qh,
-        stride_kvb,
-        stride_kvs,
-        stride_it,
-        stride_ot,
-        stride_oh,
-        stride_lt,
-        stride_lh,
-        BLOCK_H: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        DV: gl.constexpr,
-        DR: gl.constexpr,
-        DIRECT: gl.constexpr,
-        NBUF: gl.constexpr,
-        NUM_WARPS: gl.constexpr,
-        P_SWIZZLE: gl.constexpr,
-        USE_PDL: gl.constexpr,
-        DUP_S: gl.constexpr,
-        LATE_ISSUE: gl.constexpr,
-    ):
-        if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
-            gl.inline_asm_elementwise(
-                "griddepcontrol.launch_dependents; // dummy $0",
-                "=r",
-                [],
-                dtype=gl.int32,
-                is_pure=False,
-                pack=1,
-            )
-        WG: gl.constexpr = NUM_WARPS // 4
+    @gluon.jit
+    def _sm90_load_q(
+        q_smem, qpe_smem, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NUM_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Heads h0 .. h0 + BLOCK_H of one token's q into shared memory (zeros past H)."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        offs_hg = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, g_layout))
+        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
+        q_c = gl.load(
+            q_tok + offs_hg[:, None] * stride_qh + cols_g[None, :],
+            mask=(offs_hg < H)[:, None],
+            other=0.0,
+        )
+        q_smem.store(q_c)
+        offs_hr = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, r_layout))
+        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
+        q_pe = gl.load(
+            q_tok + offs_hr[:, None] * stride_qh + DV + cols_r[None, :],
+            mask=(offs_hr < H)[:, None],
+            other=0.0,
+        )
+        qpe_smem.store(q_pe)
+
+    @gluon.jit
+    def _sm90_softmax_pv(
+        s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
+        o_layout: gl.constexpr, LATE_SUM: gl.constexpr, WAIT_PV: gl.constexpr = True,
+    ):  # fmt: skip
+        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT
+        (left in flight unless WAIT_PV: then oT is returned as a wgmma accumulator)."""
+        s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        if LATE_SUM:  # noqa: SIM108 - constexpr branches
+            l_part = l_part * alpha[None, :] + p
+        else:
+            l_part = l_part * alpha + gl.sum(p, 0)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
+        acc = acc * alpha_o[None, :]
+        p_smem.store(p.to(p_smem.dtype))
+        gl_fence_async_shared()
+        gl.thread_barrier()
+        acc = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
+        if WAIT_PV:
+            acc = gl_wgmma_wait(0, deps=[acc])
+        return m_new, l_part, acc
+
+    @gluon.jit
+    def _sm90_loop_inline(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end, qk_scale,
+        PAGE, stride_kvb, stride_kvs,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, DUP_S: gl.constexpr,
+        LATE_ISSUE: gl.constexpr, LATE_SUM: gl.constexpr,
+    ):  # fmt: skip
+        """The tile loop with the gathers issued by the same warps that run the MMAs:
+        at the top of iteration i the gather of tile i + NBUF - 1 goes out into the
+        buffer tile i-1 used (its slots read one iteration earlier), then tile i is
+        awaited. Returns (m, row sums, oT)."""
         # oT: the warpgroups split its 512 rows, each with every head as N (one read
-        # of kvT per tile). sT: the warpgroups split the heads (DUP_S False), or each
-        # computes all of sT (DUP_S: twice the q.kT work, but alpha is then already
-        # in oT's layout and needs no exchange through shared memory).
+        # of kvT a tile). sT: the warpgroups split the heads, or (DUP_S) each computes
+        # all of sT: twice the q.kT work, but alpha is then already in oT's layout and
+        # needs no exchange through shared memory.
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
         )
@@ -352,51 +368,18 @@ if _HAS_GLUON:
             s_layout: gl.constexpr = o_layout
         else:
             s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_H // WG, 16]
+                version=[3, 0],
+                warps_per_cta=[4, NUM_WARPS // 4],
+                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
             )
-        # Gathers: 8 bf16 (16 bytes, one cp.async) a thread, a warp per row.
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
-        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-        sl128: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
-        p_sl: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=P_SWIZZLE, element_bitwidth=16, rank=2
-        )
-        dtype: gl.constexpr = q_ptr.dtype.element_ty
-
-        pid = gl.program_id(0)
-        hb = pid % NUM_HBLK
-        rest = pid // NUM_HBLK
-        sp = rest % NUM_SPLITS
-        t = (rest // NUM_SPLITS).to(gl.int64)
-
-        # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
-        offs_hg = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, g_layout))
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
-        q_rows = q_ptr + t * stride_qt + offs_hg[:, None] * stride_qh
-        q_c = gl.load(q_rows + cols_g[None, :], mask=(offs_hg < H)[:, None], other=0.0)
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], sl128, q_c)
-        offs_hr = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, r_layout))
         cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
-        q_pe = gl.load(
-            q_ptr + t * stride_qt + offs_hr[:, None] * stride_qh + DV + cols_r[None, :],
-            mask=(offs_hr < H)[:, None],
-            other=0.0,
-        )
-        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DR], sl128, q_pe)
-        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl128)
-        kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl128)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
-
-        start = sp * SPLIT_LEN
-        end = gl.minimum(start + SPLIT_LEN, TOPK)
-        n_tiles = gl.cdiv(end - start, BLOCK_N)
-        idx_row = idx_ptr + t * stride_it
         rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
         rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
 
         for j in gl.static_range(NBUF - 1):
             n0 = start + j * BLOCK_N
@@ -412,9 +395,6 @@ if _HAS_GLUON:
         ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
-        # Row sums per row until the end (no cross-warp reduction per tile), except
-        # at 64 heads, where those registers are missing.
-        LATE_SUM: gl.constexpr = BLOCK_H < 64
         if LATE_SUM:
             l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
         else:
@@ -455,25 +435,251 @@ if _HAS_GLUON:
             sg_next = sg_next2
             sr_next = sr_next2
             s = gl_wgmma_wait(0, deps=[s_tok])
-            s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            if LATE_SUM:  # noqa: SIM108 - constexpr branches
-                l_part = l_part * alpha[None, :] + p
-            else:
-                l_part = l_part * alpha + gl.sum(p, 0)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
-            acc = acc * alpha_o[None, :]
-            p_smem.store(p.to(dtype))
-            gl_fence_async_shared()
-            gl.thread_barrier()
-            o_tok = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
-            acc = gl_wgmma_wait(0, deps=[o_tok])
-            m_i = m_new
+            m_i, l_part, acc = _sm90_softmax_pv(
+                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM
+            )
             ss_cur = ss_next
         gl_cp.wait_group(0)
+        return m_i, l_part, acc
+
+    @gluon.jit
+    def _sm90_ws_gather(
+        kv_smem, kpe_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        PAGE, stride_kvb, stride_kvs,
+        BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
+        P_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Producer warps: gather tile i into buffer i % NBUF as soon as the MMA warps
+        release it, and let its full barrier complete when this thread's copies land
+        (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads)."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
+        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
+        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
+        sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
+        for i in range(0, n_tiles):
+            # The next tile's slots load while this one waits for its buffer.
+            n1 = start + (i + 1) * BLOCK_N
+            sg_next = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
+            sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
+            b = i % NBUF
+            mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
+            _sm90_issue_tile(
+                kv_smem.index(b), kpe_smem.index(b), kv_ptr, sg, sr,
+                PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
+            )  # fmt: skip
+            gl_cp.mbarrier_arrive(full_bars.index(b), increment_count=False)
+            sg = sg_next
+            sr = sr_next
+
+    @gluon.jit
+    def _sm90_ws_mma(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, full_bars, empty_bars, idx_row,
+        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, DUP_S: gl.constexpr,
+        LATE_SUM: gl.constexpr, DEFER_PV: gl.constexpr,
+    ):  # fmt: skip
+        """MMA warps (the default partition): q to shared memory, then for each tile:
+        wait for it, run it, release its buffer. DEFER_PV: tile i's p.V runs on while
+        tile i+1 is awaited and its q.kT issued; its buffer is released after that."""
+        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
+        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        # as in _sm90_loop_inline
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
+        )
+        if DUP_S:
+            s_layout: gl.constexpr = o_layout
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[4, NUM_WARPS // 4],
+                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
+            )
+        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
+        if LATE_SUM:
+            l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        else:
+            l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, s_layout))
+        acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
+        if DEFER_PV:  # the loop carries p.V's accumulator in flight
+            acc = warpgroup_mma_init(acc)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        for i in range(0, n_tiles):
+            n1 = start + (i + 1) * BLOCK_N
+            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
+            buf = i % NBUF
+            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+            kv_i = kv_smem.index(buf)
+            s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
+            if DEFER_PV:
+                s, acc = gl_wgmma_wait(0, deps=[s_tok, acc])  # tile i-1's p.V too
+                gl.thread_barrier()
+                mbarrier.arrive(empty_bars.index((i + NBUF - 1) % NBUF), pred=i > 0)
+            else:
+                s = gl_wgmma_wait(0, deps=[s_tok])
+            m_i, l_part, acc = _sm90_softmax_pv(
+                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM,
+                not DEFER_PV,
+            )  # fmt: skip
+            if not DEFER_PV:
+                # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
+                gl.thread_barrier()
+                mbarrier.arrive(empty_bars.index(buf))
+            ss_cur = ss_next
+        if DEFER_PV:
+            acc = gl_wgmma_wait(0, deps=[acc])
+        return m_i, l_part, acc
+
+    # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
+    # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
+    # tensor cores read from shared memory once a tile (the Triton kernel's
+    # mma.sync has every warp re-read its q fragments per tile). The pipeline is
+    # written out, either in the MMA warps (_sm90_loop_inline) or, with P_WARPS,
+    # in producer warps of their own that keep the NBUF buffers filled while the
+    # MMA warps compute (_sm90_ws_gather / _sm90_ws_mma, mbarrier handshakes).
+    # Triton's pipeliner, given the same KV-major loop, issued the next gather
+    # after both MMAs and read its slots right before it, exposing both latencies.
+    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
+    def _sparse_mla_split_kernel_sm90(
+        q_ptr,
+        kv_ptr,
+        idx_ptr,
+        o_ptr,
+        lse_ptr,
+        po_ptr,
+        plse_ptr,
+        qk_scale,
+        v_scale,
+        H,
+        TOPK,
+        SPLIT_LEN,
+        NUM_SPLITS,
+        NUM_HBLK,
+        PAGE,
+        stride_qt,
+        stride_qh,
+        stride_kvb,
+        stride_kvs,
+        stride_it,
+        stride_ot,
+        stride_oh,
+        stride_lt,
+        stride_lh,
+        BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        DV: gl.constexpr,
+        DR: gl.constexpr,
+        DIRECT: gl.constexpr,
+        NBUF: gl.constexpr,
+        NUM_WARPS: gl.constexpr,
+        P_SWIZZLE: gl.constexpr,
+        USE_PDL: gl.constexpr,
+        DUP_S: gl.constexpr,
+        LATE_ISSUE: gl.constexpr,
+        P_WARPS: gl.constexpr,
+        P_REGS: gl.constexpr,
+        SUM_LATE: gl.constexpr,
+        DEFER_PV: gl.constexpr,
+    ):
+        if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0",
+                "=r",
+                [],
+                dtype=gl.int32,
+                is_pure=False,
+                pack=1,
+            )
+        # as in _sm90_loop_inline
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
+        )
+        if DUP_S:
+            s_layout: gl.constexpr = o_layout
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[4, NUM_WARPS // 4],
+                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
+            )
+        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+        sl128: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        p_sl: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=P_SWIZZLE, element_bitwidth=16, rank=2
+        )
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+
+        pid = gl.program_id(0)
+        hb = pid % NUM_HBLK
+        rest = pid // NUM_HBLK
+        sp = rest % NUM_SPLITS
+        t = (rest // NUM_SPLITS).to(gl.int64)
+
+        # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
+        # With producer warps the MMA warps load it, so the first gathers go out at once.
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], sl128)
+        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DR], sl128)
+        if P_WARPS == 0:
+            _sm90_load_q(
+                q_smem, qpe_smem, q_ptr + t * stride_qt, hb * BLOCK_H, H, stride_qh,
+                BLOCK_H, DV, DR, NUM_WARPS,
+            )  # fmt: skip
+        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl128)
+        kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl128)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
+
+        start = sp * SPLIT_LEN
+        end = gl.minimum(start + SPLIT_LEN, TOPK)
+        idx_row = idx_ptr + t * stride_it
+        # Row sums per row until the end (no cross-warp reduction per tile), except
+        # at 64 heads without producer warps, where those registers are missing.
+        if BLOCK_H < 64:
+            LATE_SUM: gl.constexpr = True
+        else:
+            LATE_SUM: gl.constexpr = SUM_LATE
+        if P_WARPS > 0:
+            full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+            empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+            for j in gl.static_range(NBUF):
+                mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
+                mbarrier.init(empty_bars.index(j), count=1)
+            m_i, l_part, acc = gl.warp_specialize(
+                [
+                    (
+                        _sm90_ws_mma,
+                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, full_bars, empty_bars,
+                         idx_row, start, end, qk_scale, q_ptr + t * stride_qt, hb * BLOCK_H,
+                         H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, DUP_S,
+                         LATE_SUM, DEFER_PV),
+                    ),
+                    (
+                        _sm90_ws_gather,
+                        (kv_smem, kpe_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+                         PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
+                    ),
+                ],
+                [P_WARPS],
+                [P_REGS],
+            )  # fmt: skip
+        else:
+            m_i, l_part, acc = _sm90_loop_inline(
+                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end,
+                qk_scale, PAGE, stride_kvb, stride_kvs,
+                BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, DUP_S, LATE_ISSUE, LATE_SUM,
+            )  # fmt: skip
 
         if LATE_SUM:  # noqa: SIM108
             l_i = gl.sum(l_part, 0)
@@ -807,7 +1013,9 @@ def _launch(
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
             NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps,
             P_SWIZZLE=_nvmma_swizzle(2 * cfg.block_h),
-            USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue, num_warps=cfg.num_warps,
+            USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue,
+            P_WARPS=cfg.producer_warps, P_REGS=cfg.producer_regs, SUM_LATE=cfg.sum_late,
+            DEFER_PV=cfg.defer_pv, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
