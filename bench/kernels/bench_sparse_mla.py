@@ -329,9 +329,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     def g(block_h: int, warps: int, **kw: object) -> object:
         return cfg(block_h, 64, warps, 2, per_sm=1, pdl=True, gluon=True, **kw)
 
-    def g3(block_h: int, **kw: object) -> object:  # three KV buffers (fits up to 8 heads)
-        return cfg(block_h, 64, 8, 3, per_sm=1, pdl=True, gluon=True, **kw)
-
     # The launch-time choice before the Gluon kernel (2026-12-01), and the runner-ups.
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
@@ -339,22 +336,23 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),
-        # Gluon SM90 kernel: runner-ups of the 2026-12-02 sweep (sT computed by both
-        # warpgroups: dup; the next gather issued after q.kT: late).
-        "g_h16": (g(16, 8), lambda h: h <= 8),
-        "g_h16_late": (g(16, 8, late_issue=True), few),
-        "g_h32_late": (g(32, 8, late_issue=True), mid),
+        # Gluon SM90 kernel without producer warps (the choice before them, and the
+        # runner-ups of the first Gluon sweep: dup = sT by both warpgroups, late =
+        # next gather issued after q.kT).
+        "g_h8": (g(8, 8, dup_s=True), lambda h: h <= 8),
+        "g_h16": (g(16, 8), few),
+        "g_h32": (g(32, 8), mid),
+        "g_h64_late": (g(64, 8, late_issue=True), many),
         "g_h64_early": (g(64, 8), many),
-        # Warp-specialised (producer warps gather): three buffers (b3), p.V left in
-        # flight over the next q.kT (d), row sums kept per row at 64 heads (sl).
-        "ws_h8_b3": (g3(8, dup_s=True, producer_warps=4), lambda h: h <= 8),
-        "ws_h8": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
-        "ws_h16": (g(16, 8, producer_warps=4), few),
-        "ws_h32": (g(32, 8, producer_warps=4), mid),
-        "ws_h32_d": (g(32, 8, producer_warps=4, defer_pv=True), mid),
-        "ws_h64": (g(64, 8, producer_warps=4), many),
-        "ws_h64_sl": (g(64, 8, producer_warps=4, sum_late=True), many),
-        "ws_h64_sl_d": (g(64, 8, producer_warps=4, sum_late=True, defer_pv=True), many),
+        # Producer warps (warp-specialised): a tile's slots read by the MMA warps from
+        # global memory (ld) instead of arriving in shared memory with the tile; two
+        # KV buffers at 8 heads (b2); row sums reduced every tile at 64 heads (rs).
+        "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
+        "ws_h8_ld": (g(8, 8, dup_s=True, producer_warps=4, slots_smem=False), lambda h: h <= 8),
+        "ws_h16_ld": (g(16, 8, producer_warps=4, slots_smem=False), few),
+        "ws_h32_ld": (g(32, 8, producer_warps=4, slots_smem=False), mid),
+        "ws_h64_ld": (g(64, 8, producer_warps=4, sum_late=True, slots_smem=False), many),
+        "ws_h64_rs": (g(64, 8, producer_warps=4), many),
     }
 
 

@@ -228,8 +228,9 @@ GLUON_CFGS = [
     mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, producer_regs=64),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, producer_regs=48),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        sum_late=True, defer_pv=True),
-    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, defer_pv=True),
+                        sum_late=True),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, slots_smem=False),
+    *(c for c in mod._CONFIGS_BIG.values() if c.producer_warps),  # the launch-time choices
 ]
 
 

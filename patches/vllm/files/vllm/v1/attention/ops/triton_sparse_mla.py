@@ -38,7 +38,7 @@ try:  # Gluon (explicit shared memory, cp.async and wgmma): the SM90 kernel belo
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared as gl_fence_async_shared,
     )
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma_init
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
     from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma as gl_wgmma
     from triton.experimental.gluon.language.nvidia.hopper import (
         warpgroup_mma_wait as gl_wgmma_wait,
@@ -80,7 +80,7 @@ class SparseMLAConfig:
     producer_warps: int = 0
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
-    defer_pv: bool = False  # Gluon with producer warps: overlap p.V with the next q.kT
+    slots_smem: bool = True  # Gluon with producer warps: slots reach the MMA warps in smem
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -97,7 +97,9 @@ class SparseMLAConfig:
         kv_tile = self.block_n * D_QK * kv_bytes
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
             p_tile = self.block_n * self.block_h * 2
-            return self.num_stages * kv_tile + self.block_h * D_QK * 2 + p_tile + 1024 + 64
+            bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
+            # + barriers and reduction scratch (16 B a head, from the compiled builds)
+            return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
         q_tile = self.block_h * D_QK * 2
@@ -125,6 +127,19 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "g_h16": SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
     "g_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
     "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
+    # The same with producer warps of their own (warp specialisation): from 32 tokens
+    # (from 8 at 64 heads); up to 8 heads a third buffer fits, which pays in prefill.
+    "ws_h8": SparseMLAConfig(
+        8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
+    ),
+    "ws_h8_b3": SparseMLAConfig(
+        8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
+    ),
+    "ws_h16": SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4),
+    "ws_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4),
+    "ws_h64": SparseMLAConfig(
+        64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
+    ),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
@@ -322,10 +337,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_softmax_pv(
         s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
-        o_layout: gl.constexpr, LATE_SUM: gl.constexpr, WAIT_PV: gl.constexpr = True,
+        o_layout: gl.constexpr, LATE_SUM: gl.constexpr,
     ):  # fmt: skip
-        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT
-        (left in flight unless WAIT_PV: then oT is returned as a wgmma accumulator)."""
+        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT."""
         s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 0))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -340,9 +354,8 @@ if _HAS_GLUON:
         p_smem.store(p.to(p_smem.dtype))
         gl_fence_async_shared()
         gl.thread_barrier()
-        acc = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
-        if WAIT_PV:
-            acc = gl_wgmma_wait(0, deps=[acc])
+        o_tok = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
+        acc = gl_wgmma_wait(0, deps=[o_tok])
         return m_new, l_part, acc
 
     @gluon.jit
@@ -444,10 +457,10 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _sm90_ws_gather(
-        kv_smem, kpe_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, SLOTS_SMEM: gl.constexpr,
     ):  # fmt: skip
         """Producer warps: gather tile i into buffer i % NBUF as soon as the MMA warps
         release it, and let its full barrier complete when this thread's copies land
@@ -458,6 +471,8 @@ if _HAS_GLUON:
         cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
         rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
         rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+        rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
         sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
@@ -468,6 +483,11 @@ if _HAS_GLUON:
             sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
             b = i % NBUF
             mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
+            if SLOTS_SMEM:  # the tile's slots travel with it (rows past the end: zeros)
+                n0 = n1 - BLOCK_N
+                gl_cp.async_copy_global_to_shared(
+                    slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
+                )
             _sm90_issue_tile(
                 kv_smem.index(b), kpe_smem.index(b), kv_ptr, sg, sr,
                 PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
@@ -478,15 +498,16 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _sm90_ws_mma(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, full_bars, empty_bars, idx_row,
-        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
+        idx_row, start, end, qk_scale, q_tok, h0, H, stride_qh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, DUP_S: gl.constexpr,
-        LATE_SUM: gl.constexpr, DEFER_PV: gl.constexpr,
+        LATE_SUM: gl.constexpr, SLOTS_SMEM: gl.constexpr,
     ):  # fmt: skip
         """MMA warps (the default partition): q to shared memory, then for each tile:
-        wait for it, run it, release its buffer. DEFER_PV: tile i's p.V runs on while
-        tile i+1 is awaited and its q.kT issued; its buffer is released after that."""
+        wait for it, run it, release its buffer. SLOTS_SMEM: a tile's slots come with
+        it in shared memory (the producer copies them), so no global load is in
+        flight at the fences (fence.proxy.async is a MEMBAR that waits for it)."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         # as in _sm90_loop_inline
@@ -503,42 +524,39 @@ if _HAS_GLUON:
             )
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
-        ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
+        if SLOTS_SMEM:
+            ss_cur = gl.full([BLOCK_N], -1, gl.int32, layout=gl.SliceLayout(1, s_layout))
+        else:
+            ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
         if LATE_SUM:
             l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
         else:
             l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, s_layout))
         acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
-        if DEFER_PV:  # the loop carries p.V's accumulator in flight
-            acc = warpgroup_mma_init(acc)
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
         for i in range(0, n_tiles):
             n1 = start + (i + 1) * BLOCK_N
-            ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
+            if not SLOTS_SMEM:
+                ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
             buf = i % NBUF
             mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
             gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
-            if DEFER_PV:
-                s, acc = gl_wgmma_wait(0, deps=[s_tok, acc])  # tile i-1's p.V too
-                gl.thread_barrier()
-                mbarrier.arrive(empty_bars.index((i + NBUF - 1) % NBUF), pred=i > 0)
-            else:
-                s = gl_wgmma_wait(0, deps=[s_tok])
+            if SLOTS_SMEM:  # rows past the split's end were zero-filled: mask them here
+                ss_cur = slot_smem.index(buf).load(gl.SliceLayout(1, s_layout))
+                ss_cur = gl.where(n1 - BLOCK_N + rows_s < end, ss_cur, -1)
+            s = gl_wgmma_wait(0, deps=[s_tok])
             m_i, l_part, acc = _sm90_softmax_pv(
-                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM,
-                not DEFER_PV,
-            )  # fmt: skip
-            if not DEFER_PV:
-                # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
-                gl.thread_barrier()
-                mbarrier.arrive(empty_bars.index(buf))
-            ss_cur = ss_next
-        if DEFER_PV:
-            acc = gl_wgmma_wait(0, deps=[acc])
+                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM
+            )
+            # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
+            gl.thread_barrier()
+            mbarrier.arrive(empty_bars.index(buf))
+            if not SLOTS_SMEM:
+                ss_cur = ss_next
         return m_i, l_part, acc
 
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
@@ -590,7 +608,7 @@ if _HAS_GLUON:
         P_WARPS: gl.constexpr,
         P_REGS: gl.constexpr,
         SUM_LATE: gl.constexpr,
-        DEFER_PV: gl.constexpr,
+        SLOTS_SMEM: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -653,6 +671,9 @@ if _HAS_GLUON:
         if P_WARPS > 0:
             full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
             empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+            slot_smem = gl.allocate_shared_memory(
+                gl.int32, [NBUF, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
                 mbarrier.init(empty_bars.index(j), count=1)
@@ -660,15 +681,16 @@ if _HAS_GLUON:
                 [
                     (
                         _sm90_ws_mma,
-                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, full_bars, empty_bars,
-                         idx_row, start, end, qk_scale, q_ptr + t * stride_qt, hb * BLOCK_H,
-                         H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, DUP_S,
-                         LATE_SUM, DEFER_PV),
+                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
+                         empty_bars, idx_row, start, end, qk_scale, q_ptr + t * stride_qt,
+                         hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
+                         NUM_WARPS, DUP_S, LATE_SUM, SLOTS_SMEM),
                     ),
                     (
                         _sm90_ws_gather,
-                        (kv_smem, kpe_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
-                         PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
+                        (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                         start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                         P_WARPS, SLOTS_SMEM),
                     ),
                 ],
                 [P_WARPS],
@@ -795,16 +817,18 @@ def candidate_configs(
         # SM90 from 8 tokens: the Gluon kernel (the Triton configs stay as fallbacks).
         sm90 = _HAS_GLUON and info.major == 9 and kv_bytes == 2
         gluon_ok = sm90 and num_tokens >= 8
+        ws = num_tokens >= 32  # producer warps; below, the inline pipeline was ahead
         if sm90 and num_tokens < 8 and num_heads > 64:  # 32-head blocks beat h16_n64 here
             order = ["g_h32", "h16_n64", "h16_n32"]
         elif gluon_ok and num_heads <= 8:
-            order = ["g_h8", "g_h16", "h16_n32"]
+            first = ("ws_h8_b3" if num_tokens >= 512 else "ws_h8") if ws else "g_h8"
+            order = [first, "g_h8", "g_h16", "h16_n32"]
         elif gluon_ok and num_heads <= 16:
-            order = ["g_h16", "h16_n32"]
+            order = ["ws_h16" if ws else "g_h16", "g_h16", "h16_n32"]
         elif gluon_ok and num_heads <= 32:
-            order = ["g_h32", "h32_n64", "h16_n32"]
+            order = ["ws_h32" if ws else "g_h32", "g_h32", "h32_n64", "h16_n32"]
         elif gluon_ok:
-            order = ["g_h64", "h64_n64", "h16_n32"]
+            order = ["ws_h64", "g_h64", "h64_n64", "h16_n32"]
         elif alone:
             order = ["h16_n16", "h16_n32"]
         elif num_heads >= 64 and num_tokens >= 16:
@@ -1015,7 +1039,7 @@ def _launch(
             P_SWIZZLE=_nvmma_swizzle(2 * cfg.block_h),
             USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue,
             P_WARPS=cfg.producer_warps, P_REGS=cfg.producer_regs, SUM_LATE=cfg.sum_late,
-            DEFER_PV=cfg.defer_pv, num_warps=cfg.num_warps,
+            SLOTS_SMEM=cfg.slots_smem, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
