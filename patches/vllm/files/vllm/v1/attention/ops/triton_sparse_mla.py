@@ -81,6 +81,7 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     slots_smem: bool = True  # Gluon with producer warps: slots reach the MMA warps in smem
+    head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -559,6 +560,60 @@ if _HAS_GLUON:
                 ss_cur = ss_next
         return m_i, l_part, acc
 
+    @gluon.jit
+    def _sm90_ws_mma_hm(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
+        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Head-major MMA warps (64-head blocks): s = q . kvT and o += p . v, heads as
+        wgmma's M. The warpgroups split the tile's rows for s and v's 512 columns for o,
+        so a head's row max is reduced within a thread and a quad, then once across the
+        two warpgroups, and alpha is already in o's row layout."""
+        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
+        gl.thread_barrier()
+        WG: gl.constexpr = NUM_WARPS // 4
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, DV // WG, 16]
+        )
+        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+        for i in range(0, n_tiles):
+            buf = i % NBUF
+            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+            kv_i = kv_smem.index(buf)
+            s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
+            ss = slot_smem.index(buf).load(gl.SliceLayout(0, s_layout))
+            ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
+            s = gl_wgmma_wait(0, deps=[s_tok])
+            s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_part = l_part * alpha[:, None] + p
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+            acc = acc * alpha_o[:, None]
+            p_smem.store(p.to(p_smem.dtype))
+            gl_fence_async_shared()
+            gl.thread_barrier()
+            o_tok = gl_wgmma(p_smem, kv_i, acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            gl.thread_barrier()  # both warpgroups' p.v have read the buffer (and p)
+            mbarrier.arrive(empty_bars.index(buf))
+            m_i = m_new
+        return m_i, l_part, acc
+
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
     # tensor cores read from shared memory once a tile (the Triton kernel's
@@ -609,6 +664,7 @@ if _HAS_GLUON:
         P_REGS: gl.constexpr,
         SUM_LATE: gl.constexpr,
         SLOTS_SMEM: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -677,25 +733,46 @@ if _HAS_GLUON:
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
                 mbarrier.init(empty_bars.index(j), count=1)
-            m_i, l_part, acc = gl.warp_specialize(
-                [
-                    (
-                        _sm90_ws_mma,
-                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
-                         empty_bars, idx_row, start, end, qk_scale, q_ptr + t * stride_qt,
-                         hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                         NUM_WARPS, DUP_S, LATE_SUM, SLOTS_SMEM),
-                    ),
-                    (
-                        _sm90_ws_gather,
-                        (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                         start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                         P_WARPS, SLOTS_SMEM),
-                    ),
-                ],
-                [P_WARPS],
-                [P_REGS],
-            )  # fmt: skip
+            if HEAD_MAJOR:
+                m_i, l_part, acc = gl.warp_specialize(
+                    [
+                        (
+                            _sm90_ws_mma_hm,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
+                             empty_bars, start, end, qk_scale, q_ptr + t * stride_qt,
+                             hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
+                             NUM_WARPS),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                             P_WARPS, SLOTS_SMEM),
+                        ),
+                    ],
+                    [P_WARPS],
+                    [P_REGS],
+                )  # fmt: skip
+            else:
+                m_i, l_part, acc = gl.warp_specialize(
+                    [
+                        (
+                            _sm90_ws_mma,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
+                             empty_bars, idx_row, start, end, qk_scale, q_ptr + t * stride_qt,
+                             hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
+                             NUM_WARPS, DUP_S, LATE_SUM, SLOTS_SMEM),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                             P_WARPS, SLOTS_SMEM),
+                        ),
+                    ],
+                    [P_WARPS],
+                    [P_REGS],
+                )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_loop_inline(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end,
@@ -703,32 +780,70 @@ if _HAS_GLUON:
                 BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, DUP_S, LATE_ISSUE, LATE_SUM,
             )  # fmt: skip
 
-        if LATE_SUM:  # noqa: SIM108
-            l_i = gl.sum(l_part, 0)
-        else:
-            l_i = l_part
-        has = l_i > 0.0
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, o_layout))
-        out = gl.convert_layout(acc * inv[None, :], st_layout)
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
-        offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-        mask_hs = (offs_hs < H)[None, :]
-        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_layout))
-        if DIRECT:
-            o_ptrs = o_ptr + t * stride_ot + offs_hs[None, :] * stride_oh + offs_cs[:, None]
-            gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
-            gl.store(
-                lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                lse2 * 0.6931471805599453,
-                mask=offs_hl < H,
+        if HEAD_MAJOR:  # o [BLOCK_H, DV], m and l per row
+            sh_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[4, NUM_WARPS // 4],
+                instr_shape=[16, BLOCK_N // (NUM_WARPS // 4), 16],
             )
+            oh_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0],
+                warps_per_cta=[4, NUM_WARPS // 4],
+                instr_shape=[16, DV // (NUM_WARPS // 4), 16],
+            )
+            sth_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
+            l_i = gl.sum(l_part, 1)
+            has = l_i > 0.0
+            inv = gl.convert_layout(
+                v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, oh_layout)
+            )
+            out = gl.convert_layout(acc * inv[:, None], sth_layout)
+            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+            offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, sth_layout))
+            offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(0, sth_layout))
+            mask_hs = (offs_hs < H)[:, None]
+            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, sh_layout))
+            if DIRECT:
+                o_ptrs = o_ptr + t * stride_ot + offs_hs[:, None] * stride_oh + offs_cs[None, :]
+                gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                    lse2 * 0.6931471805599453,
+                    mask=offs_hl < H,
+                )
+            else:
+                row = (t * H + offs_hs) * NUM_SPLITS + sp
+                po = out.to(po_ptr.dtype.element_ty)
+                gl.store(po_ptr + row[:, None] * DV + offs_cs[None, :], po, mask=mask_hs)
+                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
         else:
-            row = (t * H + offs_hs) * NUM_SPLITS + sp
-            po = out.to(po_ptr.dtype.element_ty)
-            gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], po, mask=mask_hs)
-            row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-            gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+            if LATE_SUM:  # noqa: SIM108
+                l_i = gl.sum(l_part, 0)
+            else:
+                l_i = l_part
+            has = l_i > 0.0
+            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, o_layout))
+            out = gl.convert_layout(acc * inv[None, :], st_layout)
+            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+            offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+            offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+            mask_hs = (offs_hs < H)[None, :]
+            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_layout))
+            if DIRECT:
+                o_ptrs = o_ptr + t * stride_ot + offs_hs[None, :] * stride_oh + offs_cs[:, None]
+                gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                    lse2 * 0.6931471805599453,
+                    mask=offs_hl < H,
+                )
+            else:
+                row = (t * H + offs_hs) * NUM_SPLITS + sp
+                po = out.to(po_ptr.dtype.element_ty)
+                gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], po, mask=mask_hs)
+                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
 
 @triton.jit
@@ -1021,6 +1136,7 @@ def _launch(
             cfg.block_n != 64
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
+            or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if kv_cache.dtype != q.dtype:
@@ -1039,7 +1155,7 @@ def _launch(
             P_SWIZZLE=_nvmma_swizzle(2 * cfg.block_h),
             USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue,
             P_WARPS=cfg.producer_warps, P_REGS=cfg.producer_regs, SUM_LATE=cfg.sum_late,
-            SLOTS_SMEM=cfg.slots_smem, num_warps=cfg.num_warps,
+            SLOTS_SMEM=cfg.slots_smem, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
