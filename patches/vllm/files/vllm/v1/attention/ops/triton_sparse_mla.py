@@ -129,7 +129,7 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "g_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True),
     "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
     # The same with producer warps of their own (warp specialisation): from 32 tokens
-    # (from 8 at 64 heads); up to 8 heads a third buffer fits, which pays in prefill.
+    # (from 8 at 64+ heads); up to 8 heads a third buffer fits, which pays in prefill.
     "ws_h8": SparseMLAConfig(
         8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
     ),
@@ -140,6 +140,10 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "ws_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4),
     "ws_h64": SparseMLAConfig(
         64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
+    ),
+    # 64-head blocks head-major (heads as wgmma M): half the barriers a tile.
+    "hm_h64": SparseMLAConfig(
+        64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, head_major=True
     ),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
@@ -794,9 +798,7 @@ if _HAS_GLUON:
             sth_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
             l_i = gl.sum(l_part, 1)
             has = l_i > 0.0
-            inv = gl.convert_layout(
-                v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, oh_layout)
-            )
+            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, oh_layout))
             out = gl.convert_layout(acc * inv[:, None], sth_layout)
             lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
             offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, sth_layout))
@@ -921,7 +923,8 @@ def candidate_configs(
 
     Chosen from H200 sweeps (docs/sparse-mla-kernel-notes.md): on SM90 the
     Gluon kernel from 8 tokens (head blocks of 8, 16, 32 or 64: one gathered
-    tile feeds them all), a lone token of 8-16 heads the Triton kernel with
+    tile feeds them all; producer warps from 32 tokens, and from 8 at 64+ heads,
+    where the 64-head blocks run head-major), a lone token of 8-16 heads the Triton kernel with
     16-row tiles so split-K reaches 128 programs. Elsewhere the Triton kernel:
     32- and 64-head blocks from 16 tokens, else double-buffered 32-row tiles.
     99 KiB parts (SM120) get the same Triton shapes cut to fit, untimed there.
@@ -943,7 +946,9 @@ def candidate_configs(
         elif gluon_ok and num_heads <= 32:
             order = ["ws_h32" if ws else "g_h32", "g_h32", "h32_n64", "h16_n32"]
         elif gluon_ok:
-            order = ["ws_h64", "g_h64", "h64_n64", "h16_n32"]
+            # 128 heads x 4096 tokens: the KV-major build was 3% ahead (one H200 run).
+            first = "ws_h64" if num_heads > 64 and num_tokens >= 4096 else "hm_h64"
+            order = [first, "ws_h64", "g_h64", "h64_n64", "h16_n32"]
         elif alone:
             order = ["h16_n16", "h16_n32"]
         elif num_heads >= 64 and num_tokens >= 16:
