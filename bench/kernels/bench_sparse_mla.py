@@ -353,7 +353,8 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h32_ld": (g(32, 8, producer_warps=4, slots_smem=False), mid),
         "ws_h64_ld": (g(64, 8, producer_warps=4, sum_late=True, slots_smem=False), many),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
-        # Head-major 64-head blocks (heads as wgmma M), producer warps.
+        # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
+        "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), many),
     }
 
