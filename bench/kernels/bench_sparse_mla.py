@@ -355,7 +355,7 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
-        "hm_h64": (g(64, 8, producer_warps=4, head_major=True), many),
+        "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
     }
 
 
