@@ -153,6 +153,8 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
     "h32_n32": SparseMLAConfig(32, 32, 8, 2, per_sm=1, idx_ahead=False),
     "h16_n16_fp8": SparseMLAConfig(16, 16, 4, 3, per_sm=1, idx_ahead=False),
 }
+# Partial-output elements one merge program reads (splits x columns).
+MERGE_TILE = 8192
 _FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
 
 
@@ -1180,7 +1182,7 @@ def _launch(
         )  # fmt: skip
     if not direct:
         block_s = triton.next_power_of_2(num_splits)
-        block_d = min(D_LATENT, max(32, 8192 // block_s))
+        block_d = min(D_LATENT, max(32, MERGE_TILE // block_s))
         _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
             po, plse, out, lse,
             num_heads, num_splits,
