@@ -153,8 +153,9 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
     "h32_n32": SparseMLAConfig(32, 32, 8, 2, per_sm=1, idx_ahead=False),
     "h16_n16_fp8": SparseMLAConfig(16, 16, 4, 3, per_sm=1, idx_ahead=False),
 }
-# Partial-output elements one merge program reads (splits x columns).
-MERGE_TILE = 8192
+# Partial-output elements one merge program reads (splits x columns): 4096 took
+# 32 heads x 1 token from 11.2 to 9.9 us on the H200, other cells within 0.5%.
+MERGE_TILE = 4096
 _FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
 
 
