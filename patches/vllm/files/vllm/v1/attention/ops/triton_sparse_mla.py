@@ -949,9 +949,7 @@ def candidate_configs(
         elif gluon_ok and num_heads <= 32:
             order = ["ws_h32" if ws else "g_h32", "g_h32", "h32_n64", "h16_n32"]
         elif gluon_ok:
-            # 128 heads x 4096 tokens: the KV-major build was 3% ahead (one H200 run).
-            first = "ws_h64" if num_heads > 64 and num_tokens >= 4096 else "hm_h64"
-            order = [first, "ws_h64", "g_h64", "h64_n64", "h16_n32"]
+            order = ["hm_h64", "ws_h64", "g_h64", "h64_n64", "h16_n32"]
         elif alone:
             order = ["h16_n16", "h16_n32"]
         elif num_heads >= 64 and num_tokens >= 16:
