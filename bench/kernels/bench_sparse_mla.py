@@ -344,14 +344,9 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "g_h32": (g(32, 8), mid),
         "g_h64_late": (g(64, 8, late_issue=True), many),
         "g_h64_early": (g(64, 8), many),
-        # Producer warps (warp-specialised): a tile's slots read by the MMA warps from
-        # global memory (ld) instead of arriving in shared memory with the tile; two
-        # KV buffers at 8 heads (b2); row sums reduced every tile at 64 heads (rs).
+        # Producer warps (warp-specialised): two KV buffers at 8 heads (b2); row sums
+        # reduced every tile at 64 heads (rs).
         "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
-        "ws_h8_ld": (g(8, 8, dup_s=True, producer_warps=4, slots_smem=False), lambda h: h <= 8),
-        "ws_h16_ld": (g(16, 8, producer_warps=4, slots_smem=False), few),
-        "ws_h32_ld": (g(32, 8, producer_warps=4, slots_smem=False), mid),
-        "ws_h64_ld": (g(64, 8, producer_warps=4, sum_late=True, slots_smem=False), many),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),

@@ -229,7 +229,7 @@ GLUON_CFGS = [
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, producer_regs=48),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         sum_late=True),
-    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, slots_smem=False),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.producer_warps),  # the launch-time choices

@@ -80,7 +80,6 @@ class SparseMLAConfig:
     producer_warps: int = 0
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
-    slots_smem: bool = True  # Gluon with producer warps: slots reach the MMA warps in smem
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
 
     def launch_options(self) -> dict[str, int]:
@@ -343,9 +342,25 @@ if _HAS_GLUON:
         qpe_smem.store(q_pe)
 
     @gluon.jit
+    def _sm90_kv_state(
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
+    ):  # fmt: skip
+        """The KV-major loop's starting state: m, row sums (per row with LATE_SUM, else
+        per head), oT, and the zero tile q.kT starts from."""
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
+        if LATE_SUM:
+            l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        else:
+            l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
+        acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=O_LAYOUT)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        return m_i, l_part, acc, s_zero
+
+    @gluon.jit
     def _sm90_softmax_pv(
         s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
-        o_layout: gl.constexpr, LATE_SUM: gl.constexpr,
+        O_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
     ):  # fmt: skip
         """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT."""
         s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
@@ -357,7 +372,7 @@ if _HAS_GLUON:
             l_part = l_part * alpha[None, :] + p
         else:
             l_part = l_part * alpha + gl.sum(p, 0)
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, o_layout))
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))
         acc = acc * alpha_o[None, :]
         p_smem.store(p.to(p_smem.dtype))
         gl_fence_async_shared()
@@ -371,35 +386,20 @@ if _HAS_GLUON:
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end, qk_scale,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, DUP_S: gl.constexpr,
-        LATE_ISSUE: gl.constexpr, LATE_SUM: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
+        S_LAYOUT: gl.constexpr, LATE_ISSUE: gl.constexpr, LATE_SUM: gl.constexpr,
     ):  # fmt: skip
-        """The tile loop with the gathers issued by the same warps that run the MMAs:
-        at the top of iteration i the gather of tile i + NBUF - 1 goes out into the
-        buffer tile i-1 used (its slots read one iteration earlier), then tile i is
+        """The KV-major tile loop with the gathers issued by the same warps that run the
+        MMAs: at the top of iteration i the gather of tile i + NBUF - 1 goes out into
+        the buffer tile i-1 used (its slots read one iteration earlier), then tile i is
         awaited. Returns (m, row sums, oT)."""
-        # oT: the warpgroups split its 512 rows, each with every head as N (one read
-        # of kvT a tile). sT: the warpgroups split the heads, or (DUP_S) each computes
-        # all of sT: twice the q.kT work, but alpha is then already in oT's layout and
-        # needs no exchange through shared memory.
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
-        )
-        if DUP_S:
-            s_layout: gl.constexpr = o_layout
-        else:
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0],
-                warps_per_cta=[4, NUM_WARPS // 4],
-                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
-            )
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
         cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
         rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
         rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
-        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
 
         for j in gl.static_range(NBUF - 1):
@@ -415,13 +415,9 @@ if _HAS_GLUON:
         sr_next = gl.load(idx_row + n0 + rows_r, mask=n0 + rows_r < end, other=-1)
         ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
 
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
-        if LATE_SUM:
-            l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
-        else:
-            l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, s_layout))
-        acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        m_i, l_part, acc, s_zero = _sm90_kv_state(
+            BLOCK_H, BLOCK_N, DV, O_LAYOUT, S_LAYOUT, LATE_SUM
+        )
         for i in range(0, n_tiles):
             nb = (i + NBUF - 1) % NBUF  # the buffer tile i-1 used
             if not LATE_ISSUE:
@@ -457,7 +453,7 @@ if _HAS_GLUON:
             sr_next = sr_next2
             s = gl_wgmma_wait(0, deps=[s_tok])
             m_i, l_part, acc = _sm90_softmax_pv(
-                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM
+                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
             )
             ss_cur = ss_next
         gl_cp.wait_group(0)
@@ -468,11 +464,13 @@ if _HAS_GLUON:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr, SLOTS_SMEM: gl.constexpr,
+        P_WARPS: gl.constexpr,
     ):  # fmt: skip
-        """Producer warps: gather tile i into buffer i % NBUF as soon as the MMA warps
-        release it, and let its full barrier complete when this thread's copies land
-        (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads)."""
+        """Producer warps: copy tile i's slots and gather its rows into buffer i % NBUF
+        as soon as the MMA warps release it, and let its full barrier complete when this
+        thread's copies land (cp.async.mbarrier.arrive.noinc: the barrier counts the
+        producer threads). The slots travel in shared memory so that the MMA warps have
+        no global load in flight at their fences (fence.proxy.async is a MEMBAR)."""
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
@@ -491,11 +489,10 @@ if _HAS_GLUON:
             sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
             b = i % NBUF
             mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
-            if SLOTS_SMEM:  # the tile's slots travel with it (rows past the end: zeros)
-                n0 = n1 - BLOCK_N
-                gl_cp.async_copy_global_to_shared(
-                    slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
-                )
+            n0 = n1 - BLOCK_N  # rows past the split's end: zeros, masked by the MMA warps
+            gl_cp.async_copy_global_to_shared(
+                slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
+            )
             _sm90_issue_tile(
                 kv_smem.index(b), kpe_smem.index(b), kv_ptr, sg, sr,
                 PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
@@ -505,94 +502,53 @@ if _HAS_GLUON:
             sr = sr_next
 
     @gluon.jit
-    def _sm90_ws_mma(
+    def _sm90_ws_loop_kv(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        idx_row, start, end, qk_scale, q_tok, h0, H, stride_qh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, DUP_S: gl.constexpr,
-        LATE_SUM: gl.constexpr, SLOTS_SMEM: gl.constexpr,
+        start, end, qk_scale,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
     ):  # fmt: skip
-        """MMA warps (the default partition): q to shared memory, then for each tile:
-        wait for it, run it, release its buffer. SLOTS_SMEM: a tile's slots come with
-        it in shared memory (the producer copies them), so no global load is in
-        flight at the fences (fence.proxy.async is a MEMBAR that waits for it)."""
-        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
-        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
-        # as in _sm90_loop_inline
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
-        )
-        if DUP_S:
-            s_layout: gl.constexpr = o_layout
-        else:
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0],
-                warps_per_cta=[4, NUM_WARPS // 4],
-                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
-            )
-        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s_layout))
+        """KV-major MMA loop fed by producer warps: wait for tile i, run it, release it."""
+        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
-        if SLOTS_SMEM:
-            ss_cur = gl.full([BLOCK_N], -1, gl.int32, layout=gl.SliceLayout(1, s_layout))
-        else:
-            ss_cur = gl.load(idx_row + start + rows_s, mask=start + rows_s < end, other=-1)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, s_layout))
-        if LATE_SUM:
-            l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
-        else:
-            l_part = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, s_layout))
-        acc = gl.zeros([DV, BLOCK_H], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=s_layout)
+        m_i, l_part, acc, s_zero = _sm90_kv_state(
+            BLOCK_H, BLOCK_N, DV, O_LAYOUT, S_LAYOUT, LATE_SUM
+        )
         for i in range(0, n_tiles):
-            n1 = start + (i + 1) * BLOCK_N
-            if not SLOTS_SMEM:
-                ss_next = gl.load(idx_row + n1 + rows_s, mask=n1 + rows_s < end, other=-1)
             buf = i % NBUF
             mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
             gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
-            if SLOTS_SMEM:  # rows past the split's end were zero-filled: mask them here
-                ss_cur = slot_smem.index(buf).load(gl.SliceLayout(1, s_layout))
-                ss_cur = gl.where(n1 - BLOCK_N + rows_s < end, ss_cur, -1)
+            ss = slot_smem.index(buf).load(gl.SliceLayout(1, S_LAYOUT))
+            ss = gl.where(start + i * BLOCK_N + rows_s < end, ss, -1)
             s = gl_wgmma_wait(0, deps=[s_tok])
             m_i, l_part, acc = _sm90_softmax_pv(
-                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, o_layout, LATE_SUM
+                s, ss, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
             )
             # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
             gl.thread_barrier()
             mbarrier.arrive(empty_bars.index(buf))
-            if not SLOTS_SMEM:
-                ss_cur = ss_next
         return m_i, l_part, acc
 
     @gluon.jit
-    def _sm90_ws_mma_hm(
+    def _sm90_ws_loop_hm(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        start, end, qk_scale, q_tok, h0, H, stride_qh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr,
+        start, end, qk_scale,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
     ):  # fmt: skip
-        """Head-major MMA warps (64-head blocks): s = q . kvT and o += p . v, heads as
+        """Head-major MMA loop (64-head blocks): s = q . kvT and o += p . v, heads as
         wgmma's M. The warpgroups split the tile's rows for s and v's 512 columns for o,
         so a head's row max is reduced within a thread and a quad, then once across the
         two warpgroups, and alpha is already in o's row layout."""
-        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
-        gl.thread_barrier()
-        WG: gl.constexpr = NUM_WARPS // 4
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, DV // WG, 16]
-        )
-        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
-        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=O_LAYOUT)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         for i in range(0, n_tiles):
             buf = i % NBUF
             mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
@@ -600,7 +556,7 @@ if _HAS_GLUON:
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-            ss = slot_smem.index(buf).load(gl.SliceLayout(0, s_layout))
+            ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
             ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
             s = gl_wgmma_wait(0, deps=[s_tok])
             s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
@@ -609,7 +565,7 @@ if _HAS_GLUON:
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[:, None])
             l_part = l_part * alpha[:, None] + p
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
             acc = acc * alpha_o[:, None]
             p_smem.store(p.to(p_smem.dtype))
             gl_fence_async_shared()
@@ -621,15 +577,63 @@ if _HAS_GLUON:
             m_i = m_new
         return m_i, l_part, acc
 
+    @gluon.jit
+    def _sm90_ws_mma(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
+        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
+        S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+    ):  # fmt: skip
+        """MMA warps (the default partition): q to shared memory, then the tile loop."""
+        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
+        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        if HEAD_MAJOR:
+            m_i, l_part, acc = _sm90_ws_loop_hm(
+                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
+                start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT,
+            )  # fmt: skip
+        else:
+            m_i, l_part, acc = _sm90_ws_loop_kv(
+                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
+                start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT,
+                LATE_SUM,
+            )  # fmt: skip
+        return m_i, l_part, acc
+
+    @gluon.jit
+    def _sm90_store(
+        out, lse2, head_ix, col_ix, mask_o, offs_hl, t, sp, H, NUM_SPLITS,
+        o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+        DV: gl.constexpr, DIRECT: gl.constexpr,
+    ):  # fmt: skip
+        """Store a program's o (or split-K partial o) and lse. head_ix / col_ix index
+        out's elements by head and column (broadcast to out's shape); lse2 is base 2."""
+        if DIRECT:
+            o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
+            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_o)
+            gl.store(
+                lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                lse2 * 0.6931471805599453,
+                mask=offs_hl < H,
+            )
+        else:
+            row = (t * H + head_ix) * NUM_SPLITS + sp
+            gl.store(po_ptr + row * DV + col_ix, out.to(po_ptr.dtype.element_ty), mask=mask_o)
+            row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+            gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
     # tensor cores read from shared memory once a tile (the Triton kernel's
     # mma.sync has every warp re-read its q fragments per tile). The pipeline is
     # written out, either in the MMA warps (_sm90_loop_inline) or, with P_WARPS,
     # in producer warps of their own that keep the NBUF buffers filled while the
-    # MMA warps compute (_sm90_ws_gather / _sm90_ws_mma, mbarrier handshakes).
+    # MMA warps compute (_sm90_ws_gather / _sm90_ws_mma, mbarrier handshakes);
+    # with HEAD_MAJOR the MMA warps run 64-head blocks with heads as M instead.
     # Triton's pipeliner, given the same KV-major loop, issued the next gather
     # after both MMAs and read its slots right before it, exposing both latencies.
+    # O_LAYOUT / S_LAYOUT (the MMA accumulators' layouts) come from _sm90_constexprs.
     @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
     def _sparse_mla_split_kernel_sm90(
         q_ptr,
@@ -665,12 +669,12 @@ if _HAS_GLUON:
         NUM_WARPS: gl.constexpr,
         P_SWIZZLE: gl.constexpr,
         USE_PDL: gl.constexpr,
-        DUP_S: gl.constexpr,
+        O_LAYOUT: gl.constexpr,
+        S_LAYOUT: gl.constexpr,
         LATE_ISSUE: gl.constexpr,
+        LATE_SUM: gl.constexpr,
         P_WARPS: gl.constexpr,
         P_REGS: gl.constexpr,
-        SUM_LATE: gl.constexpr,
-        SLOTS_SMEM: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
@@ -682,19 +686,6 @@ if _HAS_GLUON:
                 is_pure=False,
                 pack=1,
             )
-        # as in _sm90_loop_inline
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_H, 16]
-        )
-        if DUP_S:
-            s_layout: gl.constexpr = o_layout
-        else:
-            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0],
-                warps_per_cta=[4, NUM_WARPS // 4],
-                instr_shape=[16, BLOCK_H // (NUM_WARPS // 4), 16],
-            )
-        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
         sl128: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
@@ -725,12 +716,6 @@ if _HAS_GLUON:
         start = sp * SPLIT_LEN
         end = gl.minimum(start + SPLIT_LEN, TOPK)
         idx_row = idx_ptr + t * stride_it
-        # Row sums per row until the end (no cross-warp reduction per tile), except
-        # at 64 heads without producer warps, where those registers are missing.
-        if BLOCK_H < 64:
-            LATE_SUM: gl.constexpr = True
-        else:
-            LATE_SUM: gl.constexpr = SUM_LATE
         if P_WARPS > 0:
             full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
             empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -740,115 +725,109 @@ if _HAS_GLUON:
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
                 mbarrier.init(empty_bars.index(j), count=1)
-            if HEAD_MAJOR:
-                m_i, l_part, acc = gl.warp_specialize(
-                    [
-                        (
-                            _sm90_ws_mma_hm,
-                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
-                             empty_bars, start, end, qk_scale, q_ptr + t * stride_qt,
-                             hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                             NUM_WARPS),
-                        ),
-                        (
-                            _sm90_ws_gather,
-                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                             P_WARPS, SLOTS_SMEM),
-                        ),
-                    ],
-                    [P_WARPS],
-                    [P_REGS],
-                )  # fmt: skip
-            else:
-                m_i, l_part, acc = gl.warp_specialize(
-                    [
-                        (
-                            _sm90_ws_mma,
-                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
-                             empty_bars, idx_row, start, end, qk_scale, q_ptr + t * stride_qt,
-                             hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                             NUM_WARPS, DUP_S, LATE_SUM, SLOTS_SMEM),
-                        ),
-                        (
-                            _sm90_ws_gather,
-                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                             P_WARPS, SLOTS_SMEM),
-                        ),
-                    ],
-                    [P_WARPS],
-                    [P_REGS],
-                )  # fmt: skip
+            m_i, l_part, acc = gl.warp_specialize(
+                [
+                    (
+                        _sm90_ws_mma,
+                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
+                         empty_bars, start, end, qk_scale, q_ptr + t * stride_qt,
+                         hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
+                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR),
+                    ),
+                    (
+                        _sm90_ws_gather,
+                        (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                         start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                         P_WARPS),
+                    ),
+                ],
+                [P_WARPS],
+                [P_REGS],
+            )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_loop_inline(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end,
                 qk_scale, PAGE, stride_kvb, stride_kvs,
-                BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, DUP_S, LATE_ISSUE, LATE_SUM,
+                BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_ISSUE,
+                LATE_SUM,
             )  # fmt: skip
 
-        if HEAD_MAJOR:  # o [BLOCK_H, DV], m and l per row
-            sh_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0],
-                warps_per_cta=[4, NUM_WARPS // 4],
-                instr_shape=[16, BLOCK_N // (NUM_WARPS // 4), 16],
-            )
-            oh_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0],
-                warps_per_cta=[4, NUM_WARPS // 4],
-                instr_shape=[16, DV // (NUM_WARPS // 4), 16],
-            )
-            sth_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
-            l_i = gl.sum(l_part, 1)
-            has = l_i > 0.0
-            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, oh_layout))
-            out = gl.convert_layout(acc * inv[:, None], sth_layout)
-            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-            offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, sth_layout))
-            offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(0, sth_layout))
-            mask_hs = (offs_hs < H)[:, None]
-            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, sh_layout))
-            if DIRECT:
-                o_ptrs = o_ptr + t * stride_ot + offs_hs[:, None] * stride_oh + offs_cs[None, :]
-                gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
-                gl.store(
-                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                    lse2 * 0.6931471805599453,
-                    mask=offs_hl < H,
-                )
-            else:
-                row = (t * H + offs_hs) * NUM_SPLITS + sp
-                po = out.to(po_ptr.dtype.element_ty)
-                gl.store(po_ptr + row[:, None] * DV + offs_cs[None, :], po, mask=mask_hs)
-                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
+        # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
+        # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
+        ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
+        if LATE_SUM:  # noqa: SIM108
+            l_i = gl.sum(l_part, ROWS)
         else:
-            if LATE_SUM:  # noqa: SIM108
-                l_i = gl.sum(l_part, 0)
-            else:
-                l_i = l_part
-            has = l_i > 0.0
-            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, o_layout))
+            l_i = l_part
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
+        if HEAD_MAJOR:
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
+            out = gl.convert_layout(acc * inv[:, None], st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
+            head_ix = offs_h[:, None]
+            col_ix = offs_c[None, :]
+        else:
+            st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
             out = gl.convert_layout(acc * inv[None, :], st_layout)
-            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-            offs_hs = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
-            offs_cs = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-            mask_hs = (offs_hs < H)[None, :]
-            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s_layout))
-            if DIRECT:
-                o_ptrs = o_ptr + t * stride_ot + offs_hs[None, :] * stride_oh + offs_cs[:, None]
-                gl.store(o_ptrs, out.to(dtype), mask=mask_hs)
-                gl.store(
-                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                    lse2 * 0.6931471805599453,
-                    mask=offs_hl < H,
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+            head_ix = offs_h[None, :]
+            col_ix = offs_c[:, None]
+        _sm90_store(
+            out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
+            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+            DV, DIRECT,
+        )  # fmt: skip
+
+    def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
+        """The Gluon kernel's compile-time arguments for a config, the MMA layouts
+        included (one definition for every tile loop and the epilogue)."""
+        wg = cfg.num_warps // 4
+        if cfg.head_major:  # heads as M; the warpgroups split s's rows and o's columns
+            s_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, cfg.block_n // wg, 16]
+            )
+            o_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, D_LATENT // wg, 16]
+            )
+        else:
+            # oT: the warpgroups split its 512 rows, each with every head as N (one read
+            # of kvT a tile). sT: the warpgroups split the heads, or (dup_s) each computes
+            # all of sT: twice the q.kT work, but alpha is then already in oT's layout and
+            # needs no exchange through shared memory.
+            o_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[cfg.num_warps, 1], instr_shape=[16, cfg.block_h, 16]
+            )
+            s_layout = o_layout
+            if not cfg.dup_s:
+                s_layout = gl.NVMMADistributedLayout(
+                    version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, cfg.block_h // wg, 16]
                 )
-            else:
-                row = (t * H + offs_hs) * NUM_SPLITS + sp
-                po = out.to(po_ptr.dtype.element_ty)
-                gl.store(po_ptr + row[None, :] * DV + offs_cs[:, None], po, mask=mask_hs)
-                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+        return {
+            "BLOCK_H": cfg.block_h,
+            "BLOCK_N": cfg.block_n,
+            "DV": D_LATENT,
+            "DR": D_ROPE,
+            "DIRECT": direct,
+            "NBUF": cfg.num_stages,
+            "NUM_WARPS": cfg.num_warps,
+            "P_SWIZZLE": _nvmma_swizzle(2 * cfg.block_h),
+            "USE_PDL": pdl,
+            "O_LAYOUT": o_layout,
+            "S_LAYOUT": s_layout,
+            "LATE_ISSUE": cfg.late_issue,
+            # Row sums per row until the end (no cross-warp reduction per tile), except
+            # at 64 heads without producer warps, where those registers are missing.
+            "LATE_SUM": cfg.block_h < 64 or cfg.sum_late or cfg.head_major,
+            "P_WARPS": cfg.producer_warps,
+            "P_REGS": cfg.producer_regs,
+            "HEAD_MAJOR": cfg.head_major,
+        }
 
 
 @triton.jit
@@ -1156,12 +1135,7 @@ def _launch(
             indices.stride(0),
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
-            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
-            NBUF=cfg.num_stages, NUM_WARPS=cfg.num_warps,
-            P_SWIZZLE=_nvmma_swizzle(2 * cfg.block_h),
-            USE_PDL=pdl, DUP_S=cfg.dup_s, LATE_ISSUE=cfg.late_issue,
-            P_WARPS=cfg.producer_warps, P_REGS=cfg.producer_regs, SUM_LATE=cfg.sum_late,
-            SLOTS_SMEM=cfg.slots_smem, HEAD_MAJOR=cfg.head_major, num_warps=cfg.num_warps,
+            **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
