@@ -189,7 +189,10 @@ class Tracker:
         reason = f"vLLM {words} {when}"
         self.read_log()  # its last words are in the file by now
         error = self.log.error if self.log else None
-        if error:
+        # A clean exit is not explained by an error: vLLM's SIGTERM shutdown can log an
+        # EngineDeadError from the output handler as the engine core goes first. The
+        # error stays in the status's "error" field.
+        if error and code != 0:
             reason += f": {error}"
         if self.config.hints and not self.ever_ready:
             reason += f" ({'; '.join(self.config.hints)})"

@@ -181,6 +181,20 @@ def test_exit_names_vllms_exception_and_keeps_the_last_lines(tmp_path: Path) -> 
     assert status["log_tail"][-1] == "OSError: [Errno 2] No such file: '/models/x.gguf'"
 
 
+def test_clean_exit_keeps_a_shutdown_error_out_of_the_reason(tmp_path: Path) -> None:
+    """vLLM can log EngineDeadError while it shuts down on SIGTERM and still exit 0."""
+    tracker, log = tracker_with_log(tmp_path, cuda_graphs=False)
+    tracker.record(None)
+    write_records(log, record("AsyncLLM output_handler failed.", "ERROR",
+                              "Traceback (most recent call last):\n  File \"x\"\n"
+                              "vllm.v1.engine.exceptions.EngineDeadError: EngineCore died"))
+    tracker.exited(0)
+    status = json.loads(Path(tracker.config.status_file).read_text())
+    assert status["exit_code"] == 0
+    assert status["reason"] == "vLLM exited with code 0 after it was ready"
+    assert "EngineDeadError" in status["error"]
+
+
 def test_without_capture_the_status_says_so(tmp_path: Path) -> None:
     config = WatchConfig(pid=os.getpid(), base_url="http://127.0.0.1:1",
                          ready_file=str(tmp_path / "ready"),
