@@ -202,13 +202,14 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
     """Calls for each index set, and (split path, build report) of the config used.
 
     cfg None is the launch-time choice, called as the backend calls it (no
-    config, a workspace sized by max_workspace_numel)."""
+    config, a workspace sized by max_workspace_numel); a dict is the launch-time
+    choice with those sparse_mla_fwd keywords."""
     mod = load_kernel_module()
     info = mod._device_info(case.q.device)
     kv3 = case.kv.view(-1, 1, 576)  # page size 1 view; any block size works
-    if cfg is None:
+    if cfg is None or isinstance(cfg, dict):
         numel = mod.max_workspace_numel(case.b, case.h, TOPK, case.q.device)
-        kw: dict[str, object] = {}
+        kw: dict[str, object] = dict(cfg or {})
         c = mod.pick_config(case.b, case.h, info)
     else:
         nh = math.ceil(case.h / cfg.block_h)
@@ -224,8 +225,9 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         for i in case.idx
     ]
     build = mod._launch(
-        case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
-    )
+        case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info,
+        kw.get("fused_merge"),
+    )  # fmt: skip
     nh = math.ceil(case.h / c.block_h)
     s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
     path = "direct" if s == 1 else "partial"
@@ -351,6 +353,10 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
+        # The launch-time choice with the merge kernel instead of the in-kernel merge,
+        # and with the in-kernel merge at any number of splits (SM90 Gluon configs).
+        "merge_kernel": ({"fused_merge": False}, lambda h: h <= 32),
+        "merge_in_kernel": ({"fused_merge": True}, lambda h: h <= 32),
     }
 
 
@@ -364,9 +370,12 @@ def _prewarm_worker(jobs: list[tuple[int, dict[str, object]]]) -> list[str]:
         c = mod.SparseMLAConfig(**fields)  # sent as fields: the module is loaded by path
         q = torch.randn(2, h, 576, device="cuda", dtype=torch.bfloat16)
         idx = torch.randint(0, 4096, (2, TOPK), device="cuda", dtype=torch.int32)
-        for splits in (1, 3):  # direct store and the partial + merge path
+        # Direct store, the partial + merge kernel path, and (SM90 Gluon, up to 32
+        # heads) the in-kernel merge.
+        for splits, fused in ((1, None), (3, False), (3, None)):
             try:
-                mod.sparse_mla_fwd(q, kv, idx, 0.04, config=c, num_splits=splits)
+                mod.sparse_mla_fwd(q, kv, idx, 0.04, config=c, num_splits=splits,
+                                   fused_merge=fused)
             except Exception as exc:  # noqa: BLE001 - reported; the main run retries it
                 done.append(f"h{h} {c}: {type(exc).__name__}: {str(exc)[:200]}")
     torch.cuda.synchronize()
@@ -386,7 +395,7 @@ def prewarm(
         for t in tokens:
             jobs.add((h, mod.pick_config(t, h, info)))
         for cfg, applies in variants.values():
-            if cfg is not None and applies(h):
+            if cfg is not None and not isinstance(cfg, dict) and applies(h):
                 jobs.add((h, cfg))
     ordered = [(h, dataclasses.asdict(c)) for h, c in sorted(jobs, key=repr)]
     chunks = [ordered[i::procs] for i in range(procs)]
@@ -430,7 +439,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = sweep_variants(mod) if args.sweep else {}
     if args.variants:  # name patterns: time only these beside the launch-time choice
         sweep = {k: v for k, v in sweep.items() if any(fnmatch(k, p) for p in args.variants)}
-    variants: dict[str, tuple[object | None, Callable[[int], bool]]] = {
+    variants: dict[str, tuple[object, Callable[[int], bool]]] = {
         "ours": (None, lambda h: True),
         **sweep,
     }
