@@ -52,8 +52,8 @@ repro-cpu-tier: ## build the CPU test tier twice from empty caches; compare pip 
 venv-rebuild: fetch ## rebuild the CPU test tier from scratch
 	$(PIPELINE) venv --venv $(VENV) --fresh
 
-lint: venv ## ruff over everything we own
-	$(VPY) -m ruff check build entrypoint fixtures tests bench checks patches
+lint: venv ## ruff over everything we own (pyproject.toml excludes docs/research)
+	$(VPY) -m ruff check .
 
 # The interpreted-Triton tests run in their own process: once the GGUF plugin's
 # Triton modules are imported (collecting tests/gguf*), the interpreter no
