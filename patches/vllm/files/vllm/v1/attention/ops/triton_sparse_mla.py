@@ -638,14 +638,15 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """The last split of a token's head block: fold the other splits' partials
         (in L2, read past L1) into its own o and base-2 lse, which are still in
-        registers. lse2 comes broadcast like head_ix; returns (o, lse2) merged."""
+        registers. lse2 and mask_o (heads < H) come broadcast like head_ix; returns
+        (o, lse2) merged."""
         m = lse2
         acc = out
         den = gl.where(lse2 == float("-inf"), 0.0, 1.0)
         for k in range(1, NUM_SPLITS):
             s = (sp + k) % NUM_SPLITS
             row = (t * H + head_ix) * NUM_SPLITS + s
-            lse_s = gl.load(plse_ptr + row, mask=head_ix < H, other=float("-inf"),
+            lse_s = gl.load(plse_ptr + row, mask=mask_o, other=float("-inf"),
                             cache_modifier=".cg")
             po_s = gl.load(po_ptr + row * DV + col_ix, mask=mask_o, other=0.0,
                            cache_modifier=".cg")
@@ -840,16 +841,12 @@ if _HAS_GLUON:
                     out, lse_b, head_ix, col_ix, head_ix < H, t, sp, H, NUM_SPLITS,
                     po_ptr, plse_ptr, DV,
                 )  # fmt: skip
-                gl.store(
-                    o_ptr + t * stride_ot + head_ix * stride_oh + col_ix,
-                    merged.to(o_ptr.dtype.element_ty),
-                    mask=head_ix < H,
-                )
-                gl.store(
-                    lse_ptr + t * stride_lt + head_ix * stride_lh,
-                    lse_m * 0.6931471805599453,
-                    mask=head_ix < H,
-                )
+                # The direct store; lse_m is broadcast like head_ix, which indexes it.
+                _sm90_store(
+                    merged, lse_m, head_ix, col_ix, head_ix < H, head_ix, t, sp, H,
+                    NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                    stride_lt, stride_lh, DV, True,
+                )  # fmt: skip
 
     def _sm90_constexprs(
         cfg: SparseMLAConfig, direct: bool, pdl: bool, fused_merge: bool = False
