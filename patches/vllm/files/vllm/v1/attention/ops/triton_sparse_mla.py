@@ -6,8 +6,7 @@ Each query token attends to its own top-k KV slots of the MLA latent cache
 a token share those rows, so one program gathers a tile of KV rows once and
 feeds it to the tensor cores for a block of heads (heads are the M dimension).
 The top-k range is split across programs (split-K) when T * H alone cannot
-fill the GPU; the splits are merged through their lse by a second small kernel
-(on SM90, on request, by the last split of each token's head block instead).
+fill the GPU; a second small kernel merges the splits through their lse.
 
 This module imports only torch and triton so it runs without vLLM.
 """
@@ -156,13 +155,6 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
 # Partial-output elements one merge program reads (splits x columns): 4096 took
 # 32 heads x 1 token from 11.2 to 9.9 us on the H200, other cells within 0.5%.
 MERGE_TILE = 4096
-# SM90 (Gluon) split-K with at most this many splits (and head blocks of up to 32)
-# may merge inside the split kernel: the last split of a token's head block folds
-# in the others (one L2 round trip each), so there is no merge kernel and no
-# second launch in the chain. 0, off, until it has been timed on the H200: it was
-# written and compiled for sm_90 (no spills up to 32 heads) when no device time
-# was left. fused_merge=True forces it (tests, bench variant merge_in_kernel).
-FUSED_MERGE_MAX_SPLITS = 0
 _FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
 
 
@@ -631,37 +623,6 @@ if _HAS_GLUON:
             row_l = (t * H + offs_hl) * NUM_SPLITS + sp
             gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
-    @gluon.jit
-    def _sm90_merge_in_place(
-        out, lse2, head_ix, col_ix, mask_o, t, sp, H, NUM_SPLITS, po_ptr, plse_ptr,
-        DV: gl.constexpr,
-    ):  # fmt: skip
-        """The last split of a token's head block: fold the other splits' partials
-        (in L2, read past L1) into its own o and base-2 lse, which are still in
-        registers. lse2 and mask_o (heads < H) come broadcast like head_ix; returns
-        (o, lse2) merged."""
-        m = lse2
-        acc = out
-        den = gl.where(lse2 == float("-inf"), 0.0, 1.0)
-        for k in range(1, NUM_SPLITS):
-            s = (sp + k) % NUM_SPLITS
-            row = (t * H + head_ix) * NUM_SPLITS + s
-            lse_s = gl.load(plse_ptr + row, mask=mask_o, other=float("-inf"),
-                            cache_modifier=".cg")
-            po_s = gl.load(po_ptr + row * DV + col_ix, mask=mask_o, other=0.0,
-                           cache_modifier=".cg")
-            m_new = gl.maximum(m, lse_s)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            a = gl.exp2(m - m_use)
-            w = gl.exp2(lse_s - m_use)
-            acc = acc * a + po_s * w
-            den = den * a + w
-            m = m_new
-        has = den > 0.0
-        merged = acc / gl.where(has, den, 1.0)
-        lse_m = gl.where(has, m + gl.log2(gl.where(has, den, 1.0)), float("-inf"))
-        return merged, lse_m
-
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
     # tensor cores read from shared memory once a tile (the Triton kernel's
@@ -682,7 +643,6 @@ if _HAS_GLUON:
         lse_ptr,
         po_ptr,
         plse_ptr,
-        cnt_ptr,
         qk_scale,
         v_scale,
         H,
@@ -716,7 +676,6 @@ if _HAS_GLUON:
         P_WARPS: gl.constexpr,
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
-        FUSED_MERGE: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -824,33 +783,8 @@ if _HAS_GLUON:
             o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
             DV, DIRECT,
         )  # fmt: skip
-        if FUSED_MERGE:
-            # Split-K without a merge kernel: every split stores its partial, then
-            # counts itself in (one thread, acq_rel at GPU scope, after the barrier
-            # that orders the CTA's stores); the last to arrive merges and resets the
-            # counter, so the buffer is zero again for the next launch or replay.
-            gl.thread_barrier()
-            counter = cnt_ptr + t * NUM_HBLK + hb
-            ticket = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:
-                gl.store(counter, 0)
-                lse_b = gl.expand_dims(
-                    gl.convert_layout(lse2, gl.SliceLayout(ROWS, st_layout)), ROWS
-                )
-                merged, lse_m = _sm90_merge_in_place(
-                    out, lse_b, head_ix, col_ix, head_ix < H, t, sp, H, NUM_SPLITS,
-                    po_ptr, plse_ptr, DV,
-                )  # fmt: skip
-                # The direct store; lse_m is broadcast like head_ix, which indexes it.
-                _sm90_store(
-                    merged, lse_m, head_ix, col_ix, head_ix < H, head_ix, t, sp, H,
-                    NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                    stride_lt, stride_lh, DV, True,
-                )  # fmt: skip
 
-    def _sm90_constexprs(
-        cfg: SparseMLAConfig, direct: bool, pdl: bool, fused_merge: bool = False
-    ) -> dict[str, object]:
+    def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
         included (one definition for every tile loop and the epilogue)."""
         wg = cfg.num_warps // 4
@@ -893,7 +827,6 @@ if _HAS_GLUON:
             "P_WARPS": cfg.producer_warps,
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
-            "FUSED_MERGE": fused_merge,
         }
 
 
@@ -1073,7 +1006,6 @@ def sparse_mla_fwd(
     workspace: torch.Tensor | None = None,
     config: SparseMLAConfig | None = None,
     num_splits: int | None = None,
-    fused_merge: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA attention over per-token top-k global KV slots.
 
@@ -1084,8 +1016,6 @@ def sparse_mla_fwd(
     dtype and lse [T, H] float32 (natural log; -inf where nothing was valid).
     No host syncs and no data-dependent shapes, so it is CUDA-graph safe;
     pass ``workspace`` (>= workspace_numel fp32) to avoid allocation.
-    ``fused_merge`` (SM90 Gluon configs with split-K) forces the in-kernel merge on
-    or off; None chooses it up to FUSED_MERGE_MAX_SPLITS splits.
     """
     if kv_cache.dim() == 4:
         kv_cache = kv_cache.squeeze(2)
@@ -1121,9 +1051,8 @@ def sparse_mla_fwd(
     for i, cfg in enumerate(cfgs):
         try:
             _launch(
-                q, kv_cache, indices, out, lse, sm_scale, kv_scale, workspace, cfg, num_splits,
-                info, fused_merge,
-            )  # fmt: skip
+                q, kv_cache, indices, out, lse, sm_scale, kv_scale, workspace, cfg, num_splits, info
+            )
             return out, lse
         except OutOfResources:
             # The compiled kernel asks for more shared memory than this device
@@ -1135,32 +1064,6 @@ def sparse_mla_fwd(
 
 
 _UNFIT: set[tuple[torch.device, torch.dtype, SparseMLAConfig]] = set()
-
-
-# Arrival counters of the fused merge, one zeroed int32 buffer per (device, stream):
-# the kernel leaves them zero, and a stream runs its launches in order (launches on
-# two streams at once would share one otherwise). A buffer outgrown is kept, never
-# freed: a captured CUDA graph may still point at it.
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
-_MIN_COUNTERS = 4096
-
-
-def _split_counters(device: torch.device, needed: int) -> torch.Tensor | None:
-    """The zeroed counters for this stream, grown outside CUDA-graph capture;
-    None while capturing when they are missing or too small (memory allocated
-    during capture belongs to the graph's pool)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    counters = _COUNTERS.get(key)
-    if counters is not None and counters.numel() >= needed:
-        return counters
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    if key in _COUNTERS:
-        _OUTGROWN.append(_COUNTERS[key])
-    counters = torch.zeros(max(needed, _MIN_COUNTERS), dtype=torch.int32, device=device)
-    _COUNTERS[key] = counters
-    return counters
 
 
 def _nvmma_swizzle(row_bytes: int) -> int:
@@ -1180,7 +1083,6 @@ def _launch(
     cfg: SparseMLAConfig,
     num_splits: int | None,
     info: DeviceInfo,
-    fused_merge: bool | None = None,
 ) -> object:
     """Launch split (and merge) kernels; returns the split kernel's build (None interpreted)."""
     num_tokens, num_heads, _ = q.shape
@@ -1212,9 +1114,6 @@ def _launch(
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
-    if fused_merge and not cfg.gluon:
-        raise ValueError(f"the in-kernel merge needs a Gluon (SM90) config, not {cfg}")
-    fused = False
     if cfg.gluon:
         if not (_HAS_GLUON and info.major == 9) or interpret:
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
@@ -1227,17 +1126,8 @@ def _launch(
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        counters = None
-        # Not at 64-head blocks: the merge's registers beside o's spill there (SASS).
-        few = num_splits <= FUSED_MERGE_MAX_SPLITS and cfg.block_h <= 32
-        if not direct and (fused_merge or (fused_merge is None and few)):
-            counters = _split_counters(q.device, num_tokens * num_hblk)
-            if fused_merge and counters is None:
-                raise ValueError("the in-kernel merge's counters cannot be allocated in capture")
-        fused = counters is not None
-        pdl = pdl and not fused  # no dependent kernel to launch early
         build = _sparse_mla_split_kernel_sm90[grid](
-            q, kv_cache, indices, out, lse, po, plse, indices if counters is None else counters,
+            q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
             q.stride(0), q.stride(1),
@@ -1245,7 +1135,7 @@ def _launch(
             indices.stride(0),
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
-            **_sm90_constexprs(cfg, direct, pdl, fused), num_warps=cfg.num_warps,
+            **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
@@ -1263,7 +1153,7 @@ def _launch(
             DOT_F32=interpret,
             **cfg.launch_options(),
         )  # fmt: skip
-    if not direct and not fused:
+    if not direct:
         block_s = triton.next_power_of_2(num_splits)
         block_d = min(D_LATENT, max(32, MERGE_TILE // block_s))
         _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
