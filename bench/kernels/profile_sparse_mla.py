@@ -4,7 +4,10 @@
       python3 bench/kernels/profile_sparse_mla.py --heads 32 --tokens 128 --config 32,64,8,3,1
 
 --config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm[,gluon]]; without it
-the launch-time choice runs. Three launches: two warm-ups, then the profiled one.
+the launch-time choice runs. --peer flashmla runs FlashMLA's sparse bf16 kernel on the
+same cell instead (q padded to 64 or 128 heads beforehand, as the bench does). Three
+launches: two warm-ups, then the profiled one, inside the NVTX range "profile"
+(`ncu --nvtx --nvtx-include profile/` picks out its kernels).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--config", default="")
     ap.add_argument("--slots", type=int, default=1 << 21)
+    ap.add_argument("--peer", choices=["ours", "flashmla"], default="ours")
     args = ap.parse_args()
     mod = load_kernel_module()
     cfg = None
@@ -39,9 +43,33 @@ def main() -> int:
         )
     kv = torch.randn(args.slots, 1, 576, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(args.tokens, args.heads, 576, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):  # fresh slots each launch: no L2 reuse between them
+    scale = 1 / math.sqrt(576)
+    if args.peer == "flashmla":
+        from bench.kernels.bench_sparse_mla import load_flashmla
+
+        fm, why = load_flashmla()
+        if fm is None:
+            print(f"FlashMLA: {why}", file=sys.stderr)
+            return 1
+        qp = torch.zeros(args.tokens, 64 if args.heads <= 64 else 128, 576, device="cuda",
+                         dtype=torch.bfloat16)  # fmt: skip
+        qp[:, : args.heads] = q
+
+        def run(i: torch.Tensor) -> None:
+            fm.flash_mla_sparse_fwd(qp, kv, i.view(args.tokens, 1, -1), scale, 512)
+    else:
+
+        def run(i: torch.Tensor) -> None:
+            mod.sparse_mla_fwd(q, kv, i, scale, config=cfg)
+
+    for n in range(3):  # fresh slots each launch: no L2 reuse between them
         idx = torch.randint(0, args.slots, (args.tokens, 2048), device="cuda", dtype=torch.int32)
-        mod.sparse_mla_fwd(q, kv, idx, 1 / math.sqrt(576), config=cfg)
+        torch.cuda.synchronize()
+        if n == 2:
+            torch.cuda.nvtx.range_push("profile")
+        run(idx)
+        if n == 2:
+            torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
     return 0
 
