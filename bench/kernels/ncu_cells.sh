@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# ncu on a few cells of the split kernel (GPU machine): time, DRAM, shared-memory
-# and tensor-pipe use, bank conflicts and stall reasons per issued instruction.
-# Usage (repo root): bash bench/kernels/ncu_cells.sh "HEADS TOKENS CONFIG" ...
-# CONFIG as profile_sparse_mla.py's --config (block_h,block_n,warps,stages,ahead,per_sm,gluon).
+# ncu on a few cells (GPU machine): time, DRAM, L2 hits, shared-memory and
+# tensor-pipe use, bank conflicts and stall reasons per issued instruction, for
+# every kernel of one launch (ours: split, and merge where split-K is used).
+# Usage (repo root): bash bench/kernels/ncu_cells.sh "HEADS TOKENS [CONFIG]" ...
+# CONFIG as profile_sparse_mla.py's --config (block_h,block_n,warps,stages,ahead,per_sm,gluon),
+# or "flashmla" for FlashMLA's sparse kernel on the same cell; none: the launch-time choice.
 set -uo pipefail
 out="${OUT:-.bench-out}"
 mkdir -p "$out"
@@ -13,14 +15,22 @@ metrics+=",l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"
 metrics+=",sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active"
 metrics+=",regex:sm__pipe_tensor_op_.*cycles_active.avg.pct_of_peak_sustained_active"
 metrics+=",regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio"
+metrics+=",lts__t_sector_hit_rate.pct,dram__bytes_read.sum"
 for cell in "$@"; do
   read -r heads tokens config <<<"$cell"
-  echo "== heads $heads tokens $tokens config $config" | tee -a "$out/ncu.txt"
-  ncu --clock-control none -k regex:_sparse_mla_split -c 1 -s 2 --metrics "$metrics" \
-    python3 bench/kernels/profile_sparse_mla.py --heads "$heads" --tokens "$tokens" \
-    --config "$config" >>"$out/ncu.txt" 2>&1
-  # Non-zero stalls and the headline metrics of this cell.
-  sed -n '/== heads '"$heads"' tokens '"$tokens"' config '"$config"'/,$p' "$out/ncu.txt" |
-    grep -E "duration|throughput|wavefronts|conflicts|inst_executed|issue_active|pipe_tensor|stalled" |
-    grep -vE "\s0(\.00)?$" | sed -E 's/ +/ /g'
+  args=(--heads "$heads" --tokens "$tokens")
+  case "${config:-}" in
+    "") ;;
+    flashmla) args+=(--peer flashmla) ;;
+    *) args+=(--config "$config") ;;
+  esac
+  echo "== heads $heads tokens $tokens config ${config:-launch-time}" | tee -a "$out/ncu.txt"
+  # The profiled launch is the third, inside the NVTX range "profile".
+  ncu --clock-control none --nvtx --nvtx-include "profile/" --metrics "$metrics" \
+    python3 bench/kernels/profile_sparse_mla.py "${args[@]}" >"$out/ncu.cell.txt" 2>&1
+  cat "$out/ncu.cell.txt" >>"$out/ncu.txt"
+  # Kernel names, and the non-zero headline metrics and stalls of this cell.
+  grep -E "Context [0-9]|==ERROR==|Error" "$out/ncu.cell.txt" | cut -c1-120
+  grep -E "duration|throughput|bytes_read|hit_rate|wavefronts|conflicts|inst_executed|issue_active|pipe_tensor|stalled" \
+    "$out/ncu.cell.txt" | grep -vE "\s0(\.00)?$" | sed -E 's/ +/ /g'
 done
