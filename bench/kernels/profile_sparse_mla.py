@@ -13,13 +13,13 @@ launches: two warm-ups, then the profiled one, inside the NVTX range "profile"
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.kernels.bench_sparse_mla import Case, flashmla_bf16, load_flashmla  # noqa: E402
 from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
 
 
@@ -42,32 +42,23 @@ def main() -> int:
             gluon=bool(f[6]) if len(f) > 6 else False,
         )
     kv = torch.randn(args.slots, 1, 576, device="cuda", dtype=torch.bfloat16)
-    q = torch.randn(args.tokens, args.heads, 576, device="cuda", dtype=torch.bfloat16)
-    scale = 1 / math.sqrt(576)
+    case = Case(args.heads, args.tokens, kv, None, 3)  # fresh slots each launch: no L2 reuse
     if args.peer == "flashmla":
-        from bench.kernels.bench_sparse_mla import load_flashmla
-
         fm, why = load_flashmla()
         if fm is None:
             print(f"FlashMLA: {why}", file=sys.stderr)
             return 1
-        qp = torch.zeros(args.tokens, 64 if args.heads <= 64 else 128, 576, device="cuda",
-                         dtype=torch.bfloat16)  # fmt: skip
-        qp[:, : args.heads] = q
-
-        def run(i: torch.Tensor) -> None:
-            fm.flash_mla_sparse_fwd(qp, kv, i.view(args.tokens, 1, -1), scale, 512)
+        fns = flashmla_bf16(case, fm)  # q padded as the bench pads it, outside the launches
     else:
-
-        def run(i: torch.Tensor) -> None:
-            mod.sparse_mla_fwd(q, kv, i, scale, config=cfg)
-
-    for n in range(3):  # fresh slots each launch: no L2 reuse between them
-        idx = torch.randint(0, args.slots, (args.tokens, 2048), device="cuda", dtype=torch.int32)
+        fns = [
+            lambda i=i: mod.sparse_mla_fwd(case.q, kv, i, case.scale, config=cfg)
+            for i in case.idx
+        ]
+    for n, fn in enumerate(fns):
         torch.cuda.synchronize()
         if n == 2:
             torch.cuda.nvtx.range_push("profile")
-        run(idx)
+        fn()
         if n == 2:
             torch.cuda.nvtx.range_pop()
     torch.cuda.synchronize()
