@@ -15,7 +15,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
         repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf smoke-glm5 bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
-        lint-deploy e2e check-image bench-build clean
+        lint-deploy e2e check-image reclaim-space bench-build clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
@@ -125,6 +125,9 @@ e2e: ## real container test on CPU (installs/starts a Docker engine if needed)
 
 check-image: ## build the CUDA image (runtime) and check it inside, without a GPU
 	build/docker/check-image.sh
+
+reclaim-space: ## print free disk space; below 30 GB for Docker, remove dangling images and old build cache
+	build/docker/reclaim-space.sh
 
 bench-build: ## cold build, one-patch rebuild, image size, compose up -> healthy
 	build/docker/bench-build.sh

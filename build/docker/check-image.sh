@@ -27,13 +27,7 @@ trap finish EXIT
 step "Docker engine"
 ensure_engine || { log "no Docker engine could be reached or started"; exit 1; }
 # The CUDA dependency layer needs about 20 GB while it is built and exported.
-root=$("$DOCKER" info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
-free_gb=$(($(df -Pk "$root" | awk 'NR == 2 {print $4}') / 1048576))
-if [[ $free_gb -lt 30 ]]; then
-    log "only $free_gb GB free under $root: removing dangling images and build cache unused for 24 h"
-    "$DOCKER" image prune -f >/dev/null
-    "$DOCKER" builder prune -f --filter until=24h | tail -1
-fi
+reclaim_docker 30
 debian=${DEBIAN_BASE:-frontier-debian:bookworm}
 build/docker/base-image.sh "$debian"
 if [[ -z ${CUDA_BASE:-} ]]; then
