@@ -351,10 +351,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
-        # Ping-pong 64-head blocks: two 4-warp warpgroups take alternate tiles.
-        "pp_h64": (g(64, 4, producer_warps=4, pingpong=True), many),
-        "pp_h64_r64": (g(64, 4, producer_warps=4, pingpong=True, producer_regs=64), many),
-        "pp_h64_r56": (g(64, 4, producer_warps=4, pingpong=True, producer_regs=56), many),
     }
 
 

@@ -233,8 +233,6 @@ GLUON_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True),
-    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        pingpong=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
 

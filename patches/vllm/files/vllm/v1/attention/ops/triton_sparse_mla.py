@@ -81,9 +81,6 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
-    # Gluon, 64-head blocks: two 4-warp warpgroups take alternate tiles (ping-pong) beside
-    # the producer warps; num_warps is one warpgroup's (4).
-    pingpong: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -101,10 +98,8 @@ class SparseMLAConfig:
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
             p_tile = self.block_n * self.block_h * 2
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
-            # + barriers and reduction scratch (16 B a head, from the compiled builds);
-            # ping-pong: + the two warpgroups' maxima and row sums
-            extra = 16 * self.block_h if self.pingpong else 0
-            return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + extra
+            # + barriers and reduction scratch (16 B a head, from the compiled builds)
+            return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
         q_tile = self.block_h * D_QK * 2
@@ -469,7 +464,7 @@ if _HAS_GLUON:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr, PINGPONG: gl.constexpr,
+        P_WARPS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps: copy tile i's slots and gather its rows into buffer i % NBUF
         as soon as the MMA warps release it, and let its full barrier complete when this
@@ -485,8 +480,6 @@ if _HAS_GLUON:
         i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
         rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
-        if PINGPONG:  # tiles in pairs (an odd count's last one is past the end: masked)
-            n_tiles = gl.cdiv(n_tiles, 2) * 2
         sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
         sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
         for i in range(0, n_tiles):
@@ -494,10 +487,7 @@ if _HAS_GLUON:
             n1 = start + (i + 1) * BLOCK_N
             sg_next = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
             sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
-            if PINGPONG:  # noqa: SIM108 - pair j's tiles go to buffers j % 2, (j + 1) % 2
-                b = (i + i // 2) % NBUF
-            else:
-                b = i % NBUF
+            b = i % NBUF
             mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
             n0 = n1 - BLOCK_N  # rows past the split's end: zeros, masked by the MMA warps
             gl_cp.async_copy_global_to_shared(
@@ -615,26 +605,23 @@ if _HAS_GLUON:
     def _sm90_store(
         out, lse2, head_ix, col_ix, mask_o, offs_hl, t, sp, H, NUM_SPLITS,
         o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-        DV: gl.constexpr, DIRECT: gl.constexpr, LSE: gl.constexpr,
+        DV: gl.constexpr, DIRECT: gl.constexpr,
     ):  # fmt: skip
-        """Store a program's o (or split-K partial o) and, with LSE, its lse. head_ix /
-        col_ix index out's elements by head and column (broadcast to out's shape); lse2
-        is base 2."""
+        """Store a program's o (or split-K partial o) and lse. head_ix / col_ix index
+        out's elements by head and column (broadcast to out's shape); lse2 is base 2."""
         if DIRECT:
             o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
             gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_o)
-            if LSE:
-                gl.store(
-                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                    lse2 * 0.6931471805599453,
-                    mask=offs_hl < H,
-                )
+            gl.store(
+                lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                lse2 * 0.6931471805599453,
+                mask=offs_hl < H,
+            )
         else:
             row = (t * H + head_ix) * NUM_SPLITS + sp
             gl.store(po_ptr + row * DV + col_ix, out.to(po_ptr.dtype.element_ty), mask=mask_o)
-            if LSE:
-                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+            row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+            gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
@@ -751,7 +738,7 @@ if _HAS_GLUON:
                         _sm90_ws_gather,
                         (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
                          start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                         P_WARPS, False),
+                         P_WARPS),
                     ),
                 ],
                 [P_WARPS],
@@ -794,303 +781,8 @@ if _HAS_GLUON:
         _sm90_store(
             out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
             o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            DV, DIRECT, True,
+            DV, DIRECT,
         )  # fmt: skip
-
-    # Ping-pong 64-head blocks (FlashMLA's sparse prefill scheme, written in Gluon):
-    # warpgroup 0 takes the even tiles (buffer 0), warpgroup 1 the odd ones (buffer 1).
-    # Each computes s = q . kvT for its own tile (all 64 heads as wgmma M), its softmax,
-    # and o for half of v's 512 columns: its own p from registers times its tile's v
-    # half, then the partner's p (through shared memory) times the partner tile's v
-    # half. So while one warpgroup runs a softmax the other's MMAs keep the tensor
-    # cores busy, and a tile's p never waits for a cross-warpgroup row max. The
-    # running max is handed over through shared memory (warpgroup 0's max of its tile,
-    # then the pair's max), so both o halves share one scale. Warpgroup 0's p goes
-    # into its tile's rope part, which q . kT no longer reads.
-    # Cross-warpgroup hand-offs (mbarriers in SYNC, each used once a pair):
-    _PP_Q = gl.constexpr(0)  # q is in shared memory (warpgroup 0 loads it)
-    _PP_MAX0 = gl.constexpr(1)  # warpgroup 0's max after its tile, in m_smem[0]
-    _PP_MAX = gl.constexpr(2)  # the pair's max, in m_smem[1]
-    _PP_P0 = gl.constexpr(3)  # warpgroup 0's p (at the pair's max) in buffer 0's rope part
-    _PP_P1 = gl.constexpr(4)  # warpgroup 1's p in p1_smem
-    _PP_L0 = gl.constexpr(5)  # final row sums in l_smem[0] / l_smem[1]
-    _PP_L1 = gl.constexpr(6)
-    _PP_NBAR = gl.constexpr(7)
-
-    @gluon.jit
-    def _sm90_pp_scores(
-        q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, buf, tile, phase,
-        start, end, qk_scale, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-        S_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """One tile's scores s = q . kvT [BLOCK_H, BLOCK_N] in base 2, masked slots -inf."""
-        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        mbarrier.wait(full_bars.index(buf), phase)
-        gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
-        s_tok = gl_wgmma(q_smem, kv_smem.index(buf).permute((1, 0)), s_zero, use_acc=False,
-                         is_async=True)  # fmt: skip
-        s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
-        valid = (ss >= 0) & (start + tile * BLOCK_N + cols < end)
-        s = gl_wgmma_wait(0, deps=[s_tok])
-        return gl.where(valid[None, :], s * qk_scale, float("-inf"))
-
-    @gluon.jit
-    def _sm90_pp_wg0(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p1_smem, slot_smem, m_smem, l_smem,
-        full_bars, empty_bars, sync, start, end, qk_scale, h0, H,
-        o_ptr, lse_ptr, po_ptr, plse_ptr, t, sp, NUM_SPLITS, v_scale,
-        stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr,
-        DIRECT: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """Warpgroup 0 (the default partition): the even tiles, o's first half and lse."""
-        dtype: gl.constexpr = q_smem.dtype
-        p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-        m_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-        mo_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        HALF: gl.constexpr = DV // 2
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=m_layout)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=m_layout)
-        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=O_LAYOUT)
-        n_pairs = gl.cdiv(gl.cdiv(end - start, BLOCK_N), 2)
-        mbarrier.wait(sync.index(_PP_Q), 0)
-        for j in range(0, n_pairs):
-            ph = j & 1
-            b0 = ph  # tile 2j's buffer; tile 2j+1 is in the other one
-            s = _sm90_pp_scores(
-                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, b0, 2 * j, ph,
-                start, end, qk_scale, BLOCK_H, BLOCK_N, S_LAYOUT,
-            )  # fmt: skip
-            m_a = gl.maximum(m_i, gl.max(s, 1))
-            m_a_use = gl.where(m_a == float("-inf"), 0.0, m_a)
-            alpha = gl.exp2(m_i - m_a_use)
-            p = gl.exp2(s - m_a_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            acc = acc * gl.convert_layout(alpha, mo_layout)[:, None]
-            m_smem.index(0).store(m_a)
-            gl.thread_barrier()
-            mbarrier.arrive(sync.index(_PP_MAX0))
-            # o[:, :HALF] += p . v0[:, :HALF], p from registers, while warpgroup 1 takes
-            # the pair's max. Only p's 16-bit copy stays live (registers).
-            p = p.to(dtype)
-            v_lo = kv_smem.index(b0).slice(0, HALF, dim=1)
-            o_tok = gl_wgmma(gl.convert_layout(p, p_op), v_lo, acc, is_async=True)
-            mbarrier.wait(sync.index(_PP_MAX), ph)
-            m_new = m_smem.index(1).load(m_layout)
-            # p, l and o move to the pair's max (nothing to move while all are zero).
-            f = gl.where(m_a == float("-inf"), 1.0,
-                         gl.exp2(m_a - gl.where(m_new == float("-inf"), 0.0, m_new)))  # fmt: skip
-            kpe_smem.index(b0).store((p.to(gl.float32) * f[:, None]).to(dtype))
-            gl_fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(sync.index(_PP_P0))
-            l_i = l_i * f
-            acc = gl_wgmma_wait(0, deps=[o_tok])
-            acc = acc * gl.convert_layout(f, mo_layout)[:, None]
-            mbarrier.wait(sync.index(_PP_P1), ph)
-            o_tok = gl_wgmma(p1_smem, kv_smem.index(1 - b0).slice(0, HALF, dim=1), acc,
-                             is_async=True)  # fmt: skip
-            acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()  # every warp's p1 . v1 is done: both buffers may go
-            mbarrier.arrive(empty_bars.index(0))
-            mbarrier.arrive(empty_bars.index(1))
-            m_i = m_new
-        _sm90_pp_epilogue(
-            m_i, l_i, acc, l_smem, sync, 0, h0, 0, H, t, sp, NUM_SPLITS, v_scale,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            BLOCK_H, DV, DIRECT, O_LAYOUT, S_LAYOUT,
-        )  # fmt: skip
-
-    @gluon.jit
-    def _sm90_pp_wg1(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p1_smem, slot_smem, m_smem, l_smem,
-        full_bars, empty_bars, sync, start, end, qk_scale, q_tok, h0, H, stride_qh,
-        o_ptr, lse_ptr, po_ptr, plse_ptr, t, sp, NUM_SPLITS, v_scale,
-        stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        DIRECT: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """Warpgroup 1 (a worker partition): loads q, runs the odd tiles, stores o's
-        second half."""
-        _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, 4)
-        gl_fence_async_shared()  # q's generic writes -> both warpgroups' wgmma reads
-        gl.thread_barrier()
-        mbarrier.arrive(sync.index(_PP_Q))
-        dtype: gl.constexpr = q_smem.dtype
-        p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-        m_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-        mo_layout: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-        HALF: gl.constexpr = DV // 2
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=m_layout)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=m_layout)
-        acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=O_LAYOUT)
-        n_pairs = gl.cdiv(gl.cdiv(end - start, BLOCK_N), 2)
-        for j in range(0, n_pairs):
-            ph = j & 1
-            b1 = 1 - ph  # tile 2j+1's buffer; tile 2j is in the other one
-            s = _sm90_pp_scores(
-                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, b1, 2 * j + 1, ph,
-                start, end, qk_scale, BLOCK_H, BLOCK_N, S_LAYOUT,
-            )  # fmt: skip
-            row_max = gl.max(s, 1)
-            mbarrier.wait(sync.index(_PP_MAX0), ph)
-            m_new = gl.maximum(m_smem.index(0).load(m_layout), row_max)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            m_smem.index(1).store(m_new)
-            gl.thread_barrier()
-            mbarrier.arrive(sync.index(_PP_MAX))
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            acc = acc * gl.convert_layout(alpha, mo_layout)[:, None]
-            p_lo = p.to(dtype)
-            v_hi = kv_smem.index(b1).slice(HALF, HALF, dim=1)
-            o_tok = gl_wgmma(gl.convert_layout(p_lo, p_op), v_hi, acc, is_async=True)
-            p1_smem.store(p_lo)
-            gl_fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(sync.index(_PP_P1))
-            mbarrier.wait(sync.index(_PP_P0), ph)
-            o_tok = gl_wgmma(kpe_smem.index(1 - b1), kv_smem.index(1 - b1).slice(HALF, HALF, dim=1),
-                             o_tok, is_async=True)  # fmt: skip
-            acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()
-            mbarrier.arrive(empty_bars.index(0))
-            mbarrier.arrive(empty_bars.index(1))
-            m_i = m_new
-        _sm90_pp_epilogue(
-            m_i, l_i, acc, l_smem, sync, 1, h0, HALF, H, t, sp, NUM_SPLITS, v_scale,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            BLOCK_H, DV, DIRECT, O_LAYOUT, S_LAYOUT,
-        )  # fmt: skip
-
-    @gluon.jit
-    def _sm90_pp_epilogue(
-        m_i, l_i, acc, l_smem, sync, WG: gl.constexpr, h0, col0, H, t, sp, NUM_SPLITS,
-        v_scale, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, DV: gl.constexpr, DIRECT: gl.constexpr,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """Row sums of both warpgroups added (both hold the same max), then this
-        warpgroup's half of o (columns col0 .. col0 + DV/2) and, from warpgroup 0, lse."""
-        m_layout: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-        l_smem.index(WG).store(l_i)
-        gl.thread_barrier()
-        mbarrier.arrive(sync.index(_PP_L0 + WG))
-        mbarrier.wait(sync.index(_PP_L1 - WG), 0)
-        l_i = l_i + l_smem.index(1 - WG).load(m_layout)
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        offs_hl = h0 + gl.arange(0, BLOCK_H, layout=m_layout)
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, O_LAYOUT))
-        HALF: gl.constexpr = DV // 2
-        # Stored from the accumulator's layout: a blocked copy would need 64 KiB of
-        # shared memory that the partitions cannot share with the tile buffers.
-        out = acc * inv[:, None]
-        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-        offs_c = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, O_LAYOUT))
-        head_ix = offs_h[:, None]
-        _sm90_store(
-            out, lse2, head_ix, offs_c[None, :], head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            DV, DIRECT, WG == 0,
-        )  # fmt: skip
-
-    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
-    def _sparse_mla_split_kernel_sm90_pp(
-        q_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr, qk_scale, v_scale,
-        H, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK, PAGE,
-        stride_qt, stride_qh, stride_kvb, stride_kvs, stride_it,
-        stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        DIRECT: gl.constexpr, USE_PDL: gl.constexpr, O_LAYOUT: gl.constexpr,
-        S_LAYOUT: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr,
-        WG1_REGS: gl.constexpr,
-    ):  # fmt: skip
-        """The ping-pong SM90 split kernel (64-head blocks, 4 + 4 MMA warps and
-        P_WARPS producer warps); the program grid is the other Gluon kernel's."""
-        if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
-            gl.inline_asm_elementwise(
-                "griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                dtype=gl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        sl128: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
-        dtype: gl.constexpr = q_ptr.dtype.element_ty
-        pid = gl.program_id(0)
-        hb = pid % NUM_HBLK
-        rest = pid // NUM_HBLK
-        sp = rest % NUM_SPLITS
-        t = (rest // NUM_SPLITS).to(gl.int64)
-        start = sp * SPLIT_LEN
-        end = gl.minimum(start + SPLIT_LEN, TOPK)
-
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], sl128)
-        qpe_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DR], sl128)
-        kv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DV], sl128)
-        kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], sl128)
-        p1_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], sl128)
-        vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        slot_smem = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N], vec)
-        m_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], vec)
-        l_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], vec)
-        full_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        empty_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        sync = gl.allocate_shared_memory(gl.int64, [_PP_NBAR, 1], mbarrier.MBarrierLayout())
-        for j in gl.static_range(2):
-            mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
-            mbarrier.init(empty_bars.index(j), count=2)  # one arrival per warpgroup
-        for j in gl.static_range(_PP_NBAR):
-            mbarrier.init(sync.index(j), count=1)
-        h0 = hb * BLOCK_H
-        gl.warp_specialize(
-            [
-                (
-                    _sm90_pp_wg0,
-                    (q_smem, qpe_smem, kv_smem, kpe_smem, p1_smem, slot_smem, m_smem, l_smem,
-                     full_bars, empty_bars, sync, start, end, qk_scale, h0, H,
-                     o_ptr, lse_ptr, po_ptr, plse_ptr, t, sp, NUM_SPLITS, v_scale,
-                     stride_ot, stride_oh, stride_lt, stride_lh,
-                     BLOCK_H, BLOCK_N, DV, DIRECT, O_LAYOUT, S_LAYOUT),
-                ),
-                (
-                    _sm90_pp_wg1,
-                    (q_smem, qpe_smem, kv_smem, kpe_smem, p1_smem, slot_smem, m_smem, l_smem,
-                     full_bars, empty_bars, sync, start, end, qk_scale, q_ptr + t * stride_qt,
-                     h0, H, stride_qh, o_ptr, lse_ptr, po_ptr, plse_ptr, t, sp, NUM_SPLITS,
-                     v_scale, stride_ot, stride_oh, stride_lt, stride_lh,
-                     BLOCK_H, BLOCK_N, DV, DR, DIRECT, O_LAYOUT, S_LAYOUT),
-                ),
-                (
-                    _sm90_ws_gather,
-                    (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                     idx_ptr + t * stride_it, start, end, PAGE, stride_kvb, stride_kvs,
-                     BLOCK_N, DV, DR, 2, P_WARPS, True),
-                ),
-            ],
-            [4, P_WARPS],
-            [WG1_REGS, P_REGS],
-        )  # fmt: skip
-
-    def _sm90_pp_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
-        """The ping-pong kernel's compile-time arguments: one warpgroup's layouts."""
-        s_layout = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.block_n, 16]
-        )
-        o_layout = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_LATENT // 2, 16]
-        )
-        # 65536 registers: the producers' share, then the two warpgroups alike (the
-        # default partition gets what is left, 216 with 88 for the producers).
-        wg1_regs = (65536 // 128 - cfg.producer_regs * cfg.producer_warps // 4) // 2 // 8 * 8
-        return {
-            "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "DV": D_LATENT, "DR": D_ROPE,
-            "DIRECT": direct, "USE_PDL": pdl, "O_LAYOUT": o_layout, "S_LAYOUT": s_layout,
-            "P_WARPS": cfg.producer_warps, "P_REGS": cfg.producer_regs, "WG1_REGS": wg1_regs,
-        }  # fmt: skip
 
     def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
@@ -1430,18 +1122,11 @@ def _launch(
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
-            or (cfg.pingpong and (cfg.block_h != 64 or cfg.num_warps != 4 or cfg.num_stages != 2
-                                  or not cfg.producer_warps or cfg.dup_s or cfg.head_major))
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        kernel, constexprs = (
-            (_sparse_mla_split_kernel_sm90_pp, _sm90_pp_constexprs(cfg, direct, pdl))
-            if cfg.pingpong
-            else (_sparse_mla_split_kernel_sm90, _sm90_constexprs(cfg, direct, pdl))
-        )
-        build = kernel[grid](
+        build = _sparse_mla_split_kernel_sm90[grid](
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
@@ -1450,7 +1135,7 @@ def _launch(
             indices.stride(0),
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
-            **constexprs, num_warps=cfg.num_warps,
+            **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
         build = _sparse_mla_split_kernel[grid](
