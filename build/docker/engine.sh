@@ -159,12 +159,13 @@ reclaim_docker() {
     free=$(free_gb "$root")
     [[ $free -lt $need ]] || { log "$free GB free under $root (at least $need wanted)"; return 0; }
     log "only $free GB free under $root: removing dangling images"
-    "$DOCKER" image prune -f >/dev/null
+    "$DOCKER" image prune -f >/dev/null || log "docker image prune failed (ignored)"
     for age in 72h 24h 6h 1h; do
         free=$(free_gb "$root")
         [[ $free -lt $need ]] || break
         log "$free GB free: removing build cache unused for $age"
-        "$DOCKER" builder prune -f --filter "until=$age" | tail -1 >&2
+        { "$DOCKER" builder prune -f --filter "until=$age" | tail -1 >&2; } ||
+            log "docker builder prune failed (ignored)"
     done
     free=$(free_gb "$root")
     log "$free GB free under $root"
