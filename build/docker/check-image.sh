@@ -27,7 +27,7 @@ trap finish EXIT
 step "Docker engine"
 ensure_engine || { log "no Docker engine could be reached or started"; exit 1; }
 # The CUDA dependency layer needs about 20 GB while it is built and exported.
-reclaim_docker 30
+reclaim_docker
 debian=${DEBIAN_BASE:-frontier-debian:bookworm}
 build/docker/base-image.sh "$debian"
 if [[ -z ${CUDA_BASE:-} ]]; then

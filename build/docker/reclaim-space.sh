@@ -19,7 +19,7 @@ for where in "$REPO" "$cache" "${TMPDIR:-/tmp}"; do
     log "$(free_gb "$where") GB free for $where"
 done
 if ensure_engine; then
-    reclaim_docker "${NEED_GB:-30}"
+    reclaim_docker
     [[ ${KEEP_ENGINE:-0} == 1 ]] || stop_engine
 else
     log "no Docker engine here: nothing of Docker's to reclaim"
