@@ -155,6 +155,7 @@ reclaim_docker() {
     # Oldest build cache first, so the layers CI built last (and reuses) stay longest;
     # tagged images are never touched. The disk is shared, so free space varies by run.
     local need=${1:-${NEED_GB:-30}} root free age
+    [[ $need =~ ^[0-9]+$ ]] || { log "error: NEED_GB='$need' is not a whole number of GB"; return 2; }
     root=$("$DOCKER" info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
     free=$(free_gb "$root")
     [[ $free -lt $need ]] || { log "$free GB free under $root (at least $need wanted)"; return 0; }

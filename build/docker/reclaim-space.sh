@@ -19,8 +19,10 @@ for where in "$REPO" "$cache" "${TMPDIR:-/tmp}"; do
     log "$(free_gb "$where") GB free for $where"
 done
 if ensure_engine; then
-    reclaim_docker
+    rc=0
+    reclaim_docker || rc=$?  # a NEED_GB that is no number: named, and the engine still stops
     [[ ${KEEP_ENGINE:-0} == 1 ]] || stop_engine
+    [[ $rc == 0 ]] || exit "$rc"
 else
     log "no Docker engine here: nothing of Docker's to reclaim"
 fi

@@ -18,7 +18,9 @@ echo "Total reclaimed space: 0B"
 """
 
 
-def reclaim(tmp_path: Path, need_gb: int, fail: bool) -> tuple[subprocess.CompletedProcess, list]:
+def reclaim(
+    tmp_path: Path, need_gb: int | str, fail: bool
+) -> tuple[subprocess.CompletedProcess, list]:
     client = tmp_path / "docker"
     client.write_text(STAND_IN)
     client.chmod(0o755)
@@ -57,3 +59,12 @@ def test_stand_in_docker_failing_prunes_never_fail_the_step(tmp_path: Path) -> N
     assert done.returncode == 0 and "reclaim rc=0" in done.stdout, done.stderr
     assert len(calls) == 5
     assert done.stderr.count("failed (ignored)") == 5
+
+
+def test_stand_in_docker_need_that_is_no_number_is_named_and_prunes_nothing(
+    tmp_path: Path,
+) -> None:
+    done, calls = reclaim(tmp_path, "30GB", fail=False)
+    assert done.returncode == 2 and "reclaim rc" not in done.stdout
+    assert "error: NEED_GB='30GB' is not a whole number of GB" in done.stderr
+    assert calls == []
