@@ -63,20 +63,25 @@ def _streams(served: Served, model: str, n: int, max_tokens: int) -> list[dict]:
     return results
 
 
+# The abort case must outlast its 2 s timeout on any CPU: a CI machine once ran five
+# 1000-token streams to "length" inside it. 30000 tokens take a minute at 500 tokens/s,
+# so the tiny model's 1024 positions are raised for that case (RoPE has no limit).
 @pytest.mark.parametrize(
-    ("shutdown_timeout", "max_tokens", "finish"),
-    [("2", 1000, "abort"), ("30", 400, "length")],
+    ("shutdown_timeout", "max_model_len", "max_tokens", "finish"),
+    [("2", 32768, 30000, "abort"), ("30", 1024, 400, "length")],
     ids=["timeout-aborts", "drain-completes"],
 )
 def test_sigterm_with_streams_in_flight_drains_within_its_bound(
-    tiny_model: str, tmp_path: Path, shutdown_timeout: str, max_tokens: int, finish: str
-) -> None:
+    tiny_model: str, tmp_path: Path, shutdown_timeout: str, max_model_len: int,
+    max_tokens: int, finish: str,
+) -> None:  # fmt: skip
     """Every stream ends with a finish_reason and [DONE]: "length" when the drain
     lets it finish, "abort" when the timeout cuts it; vLLM exits 0 within
     --shutdown-timeout plus teardown, and leaves no process."""
     served = start_serve(tmp_path / "drain", SERVE_MODEL=tiny_model,
                          SERVE_SHUTDOWN_TIMEOUT=shutdown_timeout,
-                         SERVE_MAX_MODEL_LEN="1024")  # fmt: skip
+                         SERVE_MAX_MODEL_LEN=str(max_model_len),
+                         SERVE_HF_OVERRIDES=f'{{"max_position_embeddings": {max_model_len}}}')  # fmt: skip
     try:
         served.wait_ready(START_TIMEOUT)
         results = _streams(served, tiny_model, 5, max_tokens)
