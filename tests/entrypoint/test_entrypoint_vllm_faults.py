@@ -78,10 +78,11 @@ def test_sigterm_with_streams_in_flight_drains_within_its_bound(
     """Every stream ends with a finish_reason and [DONE]: "length" when the drain
     lets it finish, "abort" when the timeout cuts it; vLLM exits 0 within
     --shutdown-timeout plus teardown, and leaves no process."""
+    positions = f'{{"max_position_embeddings": {max_model_len}}}'
     served = start_serve(tmp_path / "drain", SERVE_MODEL=tiny_model,
                          SERVE_SHUTDOWN_TIMEOUT=shutdown_timeout,
                          SERVE_MAX_MODEL_LEN=str(max_model_len),
-                         SERVE_HF_OVERRIDES=f'{{"max_position_embeddings": {max_model_len}}}')  # fmt: skip
+                         SERVE_HF_OVERRIDES=positions)  # fmt: skip
     try:
         served.wait_ready(START_TIMEOUT)
         results = _streams(served, tiny_model, 5, max_tokens)
