@@ -72,9 +72,13 @@ def _streams(served: Served, model: str, n: int, max_tokens: int) -> list[dict]:
     ids=["timeout-aborts", "drain-completes"],
 )
 def test_sigterm_with_streams_in_flight_drains_within_its_bound(
-    tiny_model: str, tmp_path: Path, shutdown_timeout: str, max_model_len: int,
-    max_tokens: int, finish: str,
-) -> None:  # fmt: skip
+    tiny_model: str,
+    tmp_path: Path,
+    shutdown_timeout: str,
+    max_model_len: int,
+    max_tokens: int,
+    finish: str,
+) -> None:
     """Every stream ends with a finish_reason and [DONE]: "length" when the drain
     lets it finish, "abort" when the timeout cuts it; vLLM exits 0 within
     --shutdown-timeout plus teardown, and leaves no process."""
