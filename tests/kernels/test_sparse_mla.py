@@ -200,6 +200,7 @@ def test_cuda_graph_replay() -> None:
         mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=False),
         mod.SparseMLAConfig(32, 64, 8, 3, per_sm=1),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
+        mod.SparseMLAConfig(16, 16, 4, 4, pdl=True, partial16=True),
     ],
     ids=repr,
 )
@@ -233,6 +234,11 @@ GLUON_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4),
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True),
+    # The next tile's q.kT queued behind p.v; split-K partials in 16 bits.
+    mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        head_major=True, early_qk=True, partial16=True),
+    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        partial16=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
 
@@ -254,6 +260,14 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
             mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
         return
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+
+
+def test_gluon_option_needs_head_major() -> None:
+    # early_qk exists only in the head-major loop: elsewhere it is refused, not ignored.
+    q, kv, idx = make_inputs(8, 16, 128, num_blocks=8)
+    cfg = mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, early_qk=True)
+    with pytest.raises(ValueError, match="no Gluon sparse-MLA build"):
+        mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
 
 
 @pytest.mark.parametrize("t,h", [(8, 8), (16, 16), (128, 32), (16, 64), (1024, 128), (1, 128)])
