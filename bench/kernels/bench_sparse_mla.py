@@ -333,7 +333,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
         "t_h16n16": (cfg(16, 16, 4, 4, pdl=True), few),
-        "t_h16n16_p16": (cfg(16, 16, 4, 4, pdl=True, partial16=True), few),  # 16-bit partials
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),
@@ -349,17 +348,9 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # reduced every tile at 64 heads (rs).
         "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
-        # The 8-32-head producer-warp choices, and the same with 16-bit split-K partials.
-        "ws_h16": (g(16, 8, producer_warps=4), lambda h: h == 16),
-        "ws_h32": (g(32, 8, producer_warps=4), mid),
-        "ws_h8_p16": (g(8, 8, dup_s=True, producer_warps=4, partial16=True), lambda h: h <= 8),
-        "ws_h16_p16": (g(16, 8, producer_warps=4, partial16=True), lambda h: h == 16),
-        "ws_h32_p16": (g(32, 8, producer_warps=4, partial16=True), mid),
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
-        # ... with the next tile's q.kT queued behind this tile's p.v.
-        "hm_h64_early": (g(64, 8, producer_warps=4, head_major=True, early_qk=True), many),
     }
 
 

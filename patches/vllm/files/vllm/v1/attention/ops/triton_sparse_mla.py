@@ -81,11 +81,6 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
-    # Head-major: the next tile's q.kT is issued right behind this tile's p.v, so it
-    # runs while this tile's buffer is released and the next softmax waits for it.
-    early_qk: bool = False
-    # Split-K partial outputs in q's 16-bit dtype instead of fp32 (half the bytes).
-    partial16: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -538,44 +533,29 @@ if _HAS_GLUON:
         return m_i, l_part, acc
 
     @gluon.jit
-    def _sm90_hm_qk(q_smem, qpe_smem, kv_smem, kpe_smem, full_bars, buf, phase, s_zero, pred=True):
-        """Wait for a gathered tile (if pred) and issue its s = q . kvT (latent, then rope)."""
-        mbarrier.wait(full_bars.index(buf), phase, pred=pred)
-        gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
-        s_tok = gl_wgmma(
-            q_smem, kv_smem.index(buf).permute((1, 0)), s_zero, use_acc=False, is_async=True
-        )
-        return gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-
-    @gluon.jit
     def _sm90_ws_loop_hm(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
         start, end, qk_scale,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, EARLY_QK: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
     ):  # fmt: skip
         """Head-major MMA loop (64-head blocks): s = q . kvT and o += p . v, heads as
         wgmma's M. The warpgroups split the tile's rows for s and v's 512 columns for o,
         so a head's row max is reduced within a thread and a quad, then once across the
-        two warpgroups, and alpha is already in o's row layout. With EARLY_QK the next
-        tile's q.kT goes out before this tile's p.v is waited for, so the tensor cores
-        have it queued while the warps release the buffer and reach the next softmax;
-        the buffer is then released only once the next tile has landed."""
+        two warpgroups, and alpha is already in o's row layout."""
         cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=O_LAYOUT)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        if EARLY_QK:
-            s_tok = _sm90_hm_qk(q_smem, qpe_smem, kv_smem, kpe_smem, full_bars, 0, 0, s_zero)
         for i in range(0, n_tiles):
             buf = i % NBUF
+            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
-            if not EARLY_QK:
-                s_tok = _sm90_hm_qk(
-                    q_smem, qpe_smem, kv_smem, kpe_smem, full_bars, buf, (i // NBUF) & 1, s_zero
-                )
+            s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
             ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
             ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
             s = gl_wgmma_wait(0, deps=[s_tok])
@@ -591,23 +571,10 @@ if _HAS_GLUON:
             gl_fence_async_shared()
             gl.thread_barrier()
             o_tok = gl_wgmma(p_smem, kv_i, acc, is_async=True)
-            if EARLY_QK:
-                # Queue the next tile's q.kT (two groups) behind p.v; after the last
-                # tile this recomputes the current one's (no wait), and it is dropped.
-                more = i + 1 < n_tiles
-                nb = gl.where(more, (i + 1) % NBUF, buf)
-                s_tok = _sm90_hm_qk(
-                    q_smem, qpe_smem, kv_smem, kpe_smem, full_bars, nb,
-                    ((i + 1) // NBUF) & 1, s_zero, more,
-                )  # fmt: skip
-                acc = gl_wgmma_wait(2, deps=[o_tok])
-            else:
-                acc = gl_wgmma_wait(0, deps=[o_tok])
+            acc = gl_wgmma_wait(0, deps=[o_tok])
             gl.thread_barrier()  # both warpgroups' p.v have read the buffer (and p)
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
-        if EARLY_QK:
-            gl_wgmma_wait(0, deps=[s_tok])  # the dropped q.kT after the last tile
         return m_i, l_part, acc
 
     @gluon.jit
@@ -617,7 +584,6 @@ if _HAS_GLUON:
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
         S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-        EARLY_QK: gl.constexpr,
     ):  # fmt: skip
         """MMA warps (the default partition): q to shared memory, then the tile loop."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
@@ -626,7 +592,6 @@ if _HAS_GLUON:
             m_i, l_part, acc = _sm90_ws_loop_hm(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
                 start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT,
-                EARLY_QK,
             )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_ws_loop_kv(
@@ -711,7 +676,6 @@ if _HAS_GLUON:
         P_WARPS: gl.constexpr,
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
-        EARLY_QK: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -768,7 +732,7 @@ if _HAS_GLUON:
                         (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
                          empty_bars, start, end, qk_scale, q_ptr + t * stride_qt,
                          hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, EARLY_QK),
+                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR),
                     ),
                     (
                         _sm90_ws_gather,
@@ -863,7 +827,6 @@ if _HAS_GLUON:
             "P_WARPS": cfg.producer_warps,
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
-            "EARLY_QK": cfg.early_qk,
         }
 
 
@@ -1142,23 +1105,21 @@ def _launch(
         elif workspace.numel() < need or workspace.dtype != torch.float32:
             raise ValueError(f"workspace needs {need} float32 elements")
         n_po = num_tokens * num_heads * num_splits * D_LATENT
-        # fp32 partials by default: 16-bit ones (half the bytes) made split-K cells of
-        # many tiles 7-25% slower on the H200 (docs/sparse-mla-kernel-notes.md, variant
-        # 27). Each partial is already divided by its own sum, so within V's range.
-        po = workspace[: n_po // 2].view(q.dtype) if cfg.partial16 else workspace[:n_po]
+        # fp32 partials: 16-bit ones (half the bytes) made every split-K cell 7-25%
+        # slower on the H200 (docs/sparse-mla-kernel-notes.md, variant 27).
+        po = workspace[:n_po]
         plse = workspace[n_po:need]
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
-    if cfg.gluon:
+    if cfg.gluon:  # a config with no build is refused on any machine
         if (
             cfg.block_n != 64
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
-            or (cfg.early_qk and not cfg.head_major)
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
