@@ -211,7 +211,7 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
         kw: dict[str, object] = {}
         c = mod.pick_config(case.b, case.h, info)
     else:
-        nh = math.ceil(case.h / cfg.heads_per_program)
+        nh = math.ceil(case.h / cfg.block_h)
         s = mod.pick_num_splits(case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm)
         numel = mod.workspace_numel(case.b, case.h, s)
         kw = {"config": cfg}
@@ -226,7 +226,7 @@ def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str
     build = mod._launch(
         case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
     )
-    nh = math.ceil(case.h / c.heads_per_program)
+    nh = math.ceil(case.h / c.block_h)
     s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
     path = "direct" if s == 1 else "partial"
     return fns, (path, f"{build_report(build)} splits {s} programs {case.b * nh * s}")
@@ -333,8 +333,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
         "t_h16n16": (cfg(16, 16, 4, 4, pdl=True), few),
-        # ... as two 8-head programs per split (the MMA's M padded to 16).
-        "t_h8n16": (cfg(16, 16, 4, 4, pdl=True, heads=8), lambda h: 8 < h <= 32),
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),

@@ -154,7 +154,7 @@ def test_config_choice_fits_and_fills(smem: int, sms: int, t: int, h: int) -> No
         cfgs = mod.candidate_configs(t, h, info, kv_bytes)
         assert all(c.smem_estimate(kv_bytes) <= smem for c in cfgs)
     cfg = mod.pick_config(t, h, info)
-    nh = math.ceil(h / cfg.heads_per_program)
+    nh = math.ceil(h / cfg.block_h)
     s = mod.pick_num_splits(t, nh, 2048, cfg.block_n, info.num_sms, cfg.per_sm)
     assert 1 <= s <= 2048 // cfg.block_n
     # Enough programs to cover half the SMs whenever top-k can be cut that
@@ -200,8 +200,6 @@ def test_cuda_graph_replay() -> None:
         mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=False),
         mod.SparseMLAConfig(32, 64, 8, 3, per_sm=1),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
-        mod.SparseMLAConfig(16, 16, 4, 4, pdl=True, heads=8),  # 8 real heads a program
-        mod.SparseMLAConfig(16, 32, 4, 3, heads=6),
     ],
     ids=repr,
 )
@@ -258,17 +256,11 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
-def test_heads_per_program_past_the_block_is_refused() -> None:
-    with pytest.raises(ValueError, match="heads per program"):
-        mod.SparseMLAConfig(16, 16, 4, 4, heads=17)
-
-
 @pytest.mark.parametrize(
     "cfg",
     [
         mod.SparseMLAConfig(16, 32, 8, 2, per_sm=1, gluon=True),  # wgmma's M is 64 rows
         mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, head_major=True),
-        mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, heads=8),  # Triton kernel only
     ],
     ids=repr,
 )

@@ -81,19 +81,6 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
-    # Triton kernel: real heads per program (0: block_h). Fewer than block_h pads the MMA's
-    # M, so a lone token of 16 heads can run as two 8-head programs per split.
-    heads: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.heads <= self.block_h:
-            raise ValueError(
-                f"heads per program must be 1..block_h ({self.block_h}), got {self.heads}"
-            )
-
-    @property
-    def heads_per_program(self) -> int:
-        return self.heads or self.block_h
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -207,7 +194,6 @@ def _sparse_mla_split_kernel(
     IDX_AHEAD: tl.constexpr,
     USE_PDL: tl.constexpr,
     DOT_F32: tl.constexpr,
-    HPB: tl.constexpr,
 ):
     if USE_PDL:  # let the merge kernel's programs launch now; they wait for this grid
         gdc_launch_dependents()
@@ -219,10 +205,8 @@ def _sparse_mla_split_kernel(
     sp = rest % NUM_SPLITS
     t = (rest // NUM_SPLITS).to(tl.int64)
 
-    offs_h = hb * HPB + tl.arange(0, BLOCK_H)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = offs_h < H
-    if HPB < BLOCK_H:  # HPB real heads; the other MMA rows are padding
-        mask_h = mask_h & (tl.arange(0, BLOCK_H) < HPB)
     offs_c = tl.arange(0, DV)
     offs_r = tl.arange(0, DR)
     q_rows = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh
@@ -1004,7 +988,7 @@ def max_workspace_numel(
     info = _device_info(device)
     sizes = [0]
     for cfg in candidate_configs(num_tokens, num_heads, info, kv_bytes):
-        nh = triton.cdiv(num_heads, cfg.heads_per_program)
+        nh = triton.cdiv(num_heads, cfg.block_h)
         splits = pick_num_splits(num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
         sizes.append(workspace_numel(num_tokens, num_heads, splits))
     return max(sizes)
@@ -1103,7 +1087,7 @@ def _launch(
     """Launch split (and merge) kernels; returns the split kernel's build (None interpreted)."""
     num_tokens, num_heads, _ = q.shape
     topk = indices.shape[1]
-    num_hblk = triton.cdiv(num_heads, cfg.heads_per_program)
+    num_hblk = triton.cdiv(num_heads, cfg.block_h)
     if num_splits is None:
         num_splits = pick_num_splits(
             num_tokens, num_hblk, topk, cfg.block_n, info.num_sms, cfg.per_sm
@@ -1136,7 +1120,6 @@ def _launch(
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
-            or cfg.heads
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
@@ -1168,7 +1151,6 @@ def _launch(
             IDX_AHEAD=cfg.idx_ahead,
             USE_PDL=pdl,
             DOT_F32=interpret,
-            HPB=cfg.heads_per_program,
             **cfg.launch_options(),
         )  # fmt: skip
     if not direct:
