@@ -102,8 +102,10 @@ def test_sigterm_with_streams_in_flight_drains_within_its_bound(
         code = served.proc.wait(timeout=10)
         for thread in served.threads:  # type: ignore[attr-defined]
             thread.join(30)
-        print(f"\nSIGTERM, shutdown-timeout {shutdown_timeout}: exit {code} after {took:.1f} s; "
-              + ", ".join(f"{r['chunks']} chunks {r['finish_reason']}" for r in results))
+        print(
+            f"\nSIGTERM, shutdown-timeout {shutdown_timeout}: exit {code} after {took:.1f} s; "
+            + ", ".join(f"{r['chunks']} chunks {r['finish_reason']}" for r in results)
+        )
         assert code == 0, served.log_tail()
         for result in results:
             assert result["error"] is None and result["done"], result
@@ -166,8 +168,10 @@ def test_a_restart_never_reads_the_last_runs_ready_file(tiny_model: str, tmp_pat
             assert second.proc.poll() is None, second.log_tail()
             assert time.monotonic() - started < START_TIMEOUT, second.log_tail()
             time.sleep(0.05)
-        print(f"\nrestart: the old ready file was removed after {cleared:.2f} s; "
-              f"ready again after {time.monotonic() - started:.0f} s")
+        print(
+            f"\nrestart: the old ready file was removed after {cleared:.2f} s; "
+            f"ready again after {time.monotonic() - started:.0f} s"
+        )
         assert passed_early == []
         assert cleared is not None and cleared < 10
         assert probe.probe(str(second.ready))[0] == 0
