@@ -333,7 +333,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
         "t_h16n16": (cfg(16, 16, 4, 4, pdl=True), few),
-        "t_h16n16_anyh": (cfg(16, 16, 4, 4, pdl=True, specialize_h=False), few),  # H as 8 is
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),

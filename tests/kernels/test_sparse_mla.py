@@ -200,7 +200,6 @@ def test_cuda_graph_replay() -> None:
         mod.SparseMLAConfig(16, 32, 4, 3, idx_ahead=False),
         mod.SparseMLAConfig(32, 64, 8, 3, per_sm=1),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, idx_ahead=False),
-        mod.SparseMLAConfig(16, 16, 4, 4, pdl=True, specialize_h=False),
     ],
     ids=repr,
 )

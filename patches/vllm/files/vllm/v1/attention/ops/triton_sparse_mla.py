@@ -81,8 +81,6 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
-    # Triton kernel: let Triton specialise the head count (H % 16 == 0 compiles apart).
-    specialize_h: bool = True
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -280,11 +278,6 @@ def _sparse_mla_split_kernel(
         tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])
         tl.store(plse_ptr + row, lse2, mask=mask_h)
 
-
-# The same kernel with the head count never specialised (16 heads compile as 8 do).
-_sparse_mla_split_kernel_any_h = triton.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK", "H"])(
-    _sparse_mla_split_kernel.fn
-)
 
 if _HAS_GLUON:
 
@@ -1145,8 +1138,7 @@ def _launch(
             **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
     else:
-        kernel = _sparse_mla_split_kernel if cfg.specialize_h else _sparse_mla_split_kernel_any_h
-        build = kernel[grid](
+        build = _sparse_mla_split_kernel[grid](
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
