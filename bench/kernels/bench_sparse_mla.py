@@ -351,6 +351,8 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
+        # ... with the row max crossing the warpgroups through one store and one barrier.
+        "hm_h64_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),
     }
 
 

@@ -81,6 +81,9 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
+    # Head-major: the row max crosses the warpgroups through one shared-memory store and
+    # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
+    xchg_max: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -535,9 +538,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_ws_loop_hm(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        start, end, qk_scale,
+        red_smem, start, end, qk_scale,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """Head-major MMA loop (64-head blocks): s = q . kvT and o += p . v, heads as
         wgmma's M. The warpgroups split the tile's rows for s and v's 512 columns for o,
@@ -560,7 +563,16 @@ if _HAS_GLUON:
             ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
             s = gl_wgmma_wait(0, deps=[s_tok])
             s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
+            if XCHG_MAX:
+                # Each warpgroup's max over its half of the rows (within a quad), stored;
+                # one barrier; both halves read back in s's row layout. The p barrier
+                # below orders this tile's reads before the next tile's store.
+                red_smem.store(gl.max(gl.reshape(s, [BLOCK_H, 2, BLOCK_N // 2]), 2))
+                gl.thread_barrier()
+                # [BLOCK_H, 2] in s's layout: both halves in each thread, no shuffle.
+                m_new = gl.maximum(m_i, gl.max(red_smem.load(S_LAYOUT), 1))
+            else:
+                m_new = gl.maximum(m_i, gl.max(s, 1))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[:, None])
@@ -580,10 +592,11 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_ws_mma(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        red_smem, start, end, qk_scale, q_tok, h0, H, stride_qh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
         S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+        XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """MMA warps (the default partition): q to shared memory, then the tile loop."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
@@ -591,7 +604,8 @@ if _HAS_GLUON:
         if HEAD_MAJOR:
             m_i, l_part, acc = _sm90_ws_loop_hm(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-                start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT,
+                red_smem, start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
+                S_LAYOUT, XCHG_MAX,
             )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_ws_loop_kv(
@@ -676,6 +690,7 @@ if _HAS_GLUON:
         P_WARPS: gl.constexpr,
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
+        XCHG_MAX: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -722,6 +737,11 @@ if _HAS_GLUON:
             slot_smem = gl.allocate_shared_memory(
                 gl.int32, [NBUF, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
             )
+            # Head-major with XCHG_MAX: each warpgroup's row max for this tile.
+            RED_H: gl.constexpr = BLOCK_H if XCHG_MAX else 1
+            red_smem = gl.allocate_shared_memory(
+                gl.float32, [RED_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
                 mbarrier.init(empty_bars.index(j), count=1)
@@ -730,9 +750,9 @@ if _HAS_GLUON:
                     (
                         _sm90_ws_mma,
                         (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
-                         empty_bars, start, end, qk_scale, q_ptr + t * stride_qt,
+                         empty_bars, red_smem, start, end, qk_scale, q_ptr + t * stride_qt,
                          hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR),
+                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, XCHG_MAX),
                     ),
                     (
                         _sm90_ws_gather,
@@ -827,6 +847,7 @@ if _HAS_GLUON:
             "P_WARPS": cfg.producer_warps,
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
+            "XCHG_MAX": cfg.xchg_max,
         }
 
 
@@ -1120,6 +1141,7 @@ def _launch(
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
+            or (cfg.xchg_max and not cfg.head_major)
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
