@@ -354,11 +354,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # The producer-warp choices with the row max crossing the warps through one
         # store and one barrier (xm).
         "ws_h8_xm": (g(8, 8, dup_s=True, producer_warps=4, xchg_max=True), lambda h: h <= 8),
-        "ws_h8_b3_xm": (
-            cfg(8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
-                xchg_max=True),
-            lambda h: h <= 8,
-        ),  # fmt: skip
         "ws_h16_xm": (g(16, 8, producer_warps=4, xchg_max=True), lambda h: h == 16),
         "ws_h32_xm": (g(32, 8, producer_warps=4, xchg_max=True), mid),
         "hm_h64_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),

@@ -236,7 +236,7 @@ GLUON_CFGS = list(dict.fromkeys([
     # The row max across the warps through one store and one barrier (xchg_max).
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, xchg_max=True),
-    mod.SparseMLAConfig(8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
+    mod.SparseMLAConfig(8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
                         xchg_max=True),
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         xchg_max=True),

@@ -103,7 +103,8 @@ class SparseMLAConfig:
             p_tile = self.block_n * self.block_h * 2
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
-            return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64
+            red = 4 * self.block_h * max(2, self.block_n // 16) if self.xchg_max else 0
+            return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
         q_tile = self.block_h * D_QK * 2

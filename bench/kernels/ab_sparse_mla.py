@@ -1,0 +1,91 @@
+"""Interleaved A/B timing of sweep configs (and FlashMLA bf16) on the same cells.
+
+The table in bench_sparse_mla.py times each contender once, one after another, and
+a build timed later in its row has come out up to ~3% faster than the same build
+timed first. Here every contender is timed once per round, the order rotating from
+round to round, and the medians over the rounds are compared, so drift within a
+row is spread over all of them. GPU machine only:
+
+  python3 bench/kernels/ab_sparse_mla.py --configs ours hm_h64_xm --cells 128x1024 --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_sparse_mla as bench  # noqa: E402
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    try:
+        h, t = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        msg = f"cell {text!r}: expected HEADSxTOKENS, e.g. 128x1024"
+        raise argparse.ArgumentTypeError(msg) from None
+    if h < 1 or t < 1:
+        raise argparse.ArgumentTypeError(f"cell {text!r}: heads and tokens must be >= 1")
+    return h, t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", required=True, help="'ours' or sweep variant names")
+    ap.add_argument("--cells", nargs="+", type=parse_cell, required=True)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--no-flashmla", action="store_true")
+    args = ap.parse_args()
+    mod = bench.load_kernel_module()
+    sweep = bench.sweep_variants(mod)
+    unknown = [c for c in args.configs if c != "ours" and c not in sweep]
+    if unknown:
+        ap.error(f"unknown config(s) {unknown}; known: ours, {', '.join(sweep)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    torch.manual_seed(0)
+    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 60e6)
+    kv = torch.randn(1 << 21, 576, device="cuda", dtype=torch.bfloat16)
+    fm, fm_status = (None, "off") if args.no_flashmla else bench.load_flashmla()
+    print(f"flashmla: {fm_status}", flush=True)
+    failures = 0
+    for h, t in args.cells:
+        n_sets = max(2, math.ceil(3 * l2 / (t * bench.TOPK * 576 * 2)))
+        case = bench.Case(h, t, kv, None, n_sets)
+        ref = case.reference()
+        fns: dict[str, list] = {}
+        if fm is not None:
+            f = bench.flashmla_bf16(case, fm)
+            if bench.check("fm_bf16", f, lambda r: r[0], case, ref, 1e-2) == "ok":
+                fns["fm_bf16"] = f
+        for name in args.configs:
+            cfg = None if name == "ours" else sweep[name][0]
+            f, build = bench.ours(case, cfg)
+            print(f"  build {name} h{h} t{t}: {build[0]} {build[1]}", flush=True)
+            if bench.check(name, f, lambda r: r[0], case, ref, 1e-2) != "ok":
+                failures += 1
+                continue
+            fns[name] = f
+        names = list(fns)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(args.rounds):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                times[name].append(bench.time_fn(fns[name]) * 1e6)
+        med = {n: statistics.median(v) for n, v in times.items()}
+        print(f"{h}x{t} ({args.rounds} rounds, order rotated), us:")
+        for n in names:
+            vs = f"  FM/this {med['fm_bf16'] / med[n]:.3f}x" if "fm_bf16" in med else ""
+            runs = " ".join(f"{x:.1f}" for x in times[n])
+            print(f"  {n:14s} median {med[n]:9.1f}{vs}   [{runs}]", flush=True)
+        del case
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
