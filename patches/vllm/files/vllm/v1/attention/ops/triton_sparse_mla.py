@@ -85,9 +85,6 @@ class SparseMLAConfig:
     # barrier (the partial maxima, read back in the layouts that need them) instead of
     # Triton's reduction and layout conversion.
     xchg_max: bool = False
-    # Head-major with xchg_max: o and the row sums are rescaled only when some head's
-    # tile max exceeds the max in use by more than 2^8 (p stays <= 256 otherwise).
-    lazy_rescale: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -106,7 +103,7 @@ class SparseMLAConfig:
             p_tile = self.block_n * self.block_h * 2
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
-            red = 8 * self.block_h * max(2, self.block_n // 16) if self.xchg_max else 0
+            red = 4 * self.block_h * max(2, self.block_n // 16) if self.xchg_max else 0
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
@@ -569,8 +566,7 @@ if _HAS_GLUON:
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
         red_smem, start, end, qk_scale,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
-        NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        XCHG_MAX: gl.constexpr, LAZY: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """Head-major MMA loop (64-head blocks): s = q . kvT and o += p . v, heads as
         wgmma's M. The warpgroups split the tile's rows for s and v's 512 columns for o,
@@ -597,39 +593,18 @@ if _HAS_GLUON:
                 # Each warpgroup's max over its half of the rows (within a quad), stored;
                 # one barrier; both halves read back in s's row layout. The p barrier
                 # below orders this tile's reads before the next tile's store.
-                tab = red_smem.slice(0, BLOCK_H)
-                tab.store(gl.max(gl.reshape(s, [BLOCK_H, 2, BLOCK_N // 2]), 2))
-                if LAZY:
-                    # Per warp (16 heads x 32 rows): does any score exceed the max in
-                    # use by more than 2^8? One word a warp, read back by every thread.
-                    grow = gl.where(s > (m_i + 8.0)[:, None], 1.0, 0.0)
-                    g4 = gl.reshape(grow, [4, BLOCK_H // 4, 2, BLOCK_N // 2])
-                    red_smem.slice(BLOCK_H, 4).store(gl.max(gl.max(g4, 3), 1))
+                red_smem.store(gl.max(gl.reshape(s, [BLOCK_H, 2, BLOCK_N // 2]), 2))
                 gl.thread_barrier()
                 # [BLOCK_H, 2] in s's layout: both halves in each thread, no shuffle.
-                m_new = gl.maximum(m_i, gl.max(tab.load(S_LAYOUT), 1))
+                m_new = gl.maximum(m_i, gl.max(red_smem.load(S_LAYOUT), 1))
             else:
                 m_new = gl.maximum(m_i, gl.max(s, 1))
-            if LAZY:
-                rep_l: gl.constexpr = gl.BlockedLayout([4, 2], [32, 1], [NUM_WARPS, 1], [1, 0])
-                flags = red_smem.slice(BLOCK_H, 4).load(rep_l)  # every thread: all 8 words
-                if gl.max(gl.max(flags, 1), 0) > 0.0:  # the same in every thread
-                    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.exp2(m_i - m_use)
-                    l_part = l_part * alpha[:, None]
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-                    m_i = m_new
-                m_new = m_i
-                m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
-                p = gl.exp2(s - m_use[:, None])
-                l_part = l_part + p
-            else:
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(s - m_use[:, None])
-                l_part = l_part * alpha[:, None] + p
-                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
-                acc = acc * alpha_o[:, None]
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_part = l_part * alpha[:, None] + p
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+            acc = acc * alpha_o[:, None]
             p_smem.store(p.to(p_smem.dtype))
             gl_fence_async_shared()
             gl.thread_barrier()
@@ -647,7 +622,7 @@ if _HAS_GLUON:
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
         S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-        XCHG_MAX: gl.constexpr, LAZY: gl.constexpr,
+        XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """MMA warps (the default partition): q to shared memory, then the tile loop."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
@@ -655,8 +630,8 @@ if _HAS_GLUON:
         if HEAD_MAJOR:
             m_i, l_part, acc = _sm90_ws_loop_hm(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-                red_smem, start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, NUM_WARPS,
-                O_LAYOUT, S_LAYOUT, XCHG_MAX, LAZY,
+                red_smem, start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
+                S_LAYOUT, XCHG_MAX,
             )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_ws_loop_kv(
@@ -742,7 +717,6 @@ if _HAS_GLUON:
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
         XCHG_MAX: gl.constexpr,
-        LAZY: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -781,10 +755,7 @@ if _HAS_GLUON:
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
         # XCHG_MAX: this tile's partial row maxima, per warpgroup (head-major, [heads, 2])
         # or per warp of 16 rows (KV-major, [BLOCK_N / 16, heads]).
-        # LAZY doubles the rows (a power of two); 4 of them hold one flag per MMA warp.
-        RED_R: gl.constexpr = (
-            (BLOCK_H * (1 + LAZY) if HEAD_MAJOR else BLOCK_N // 16) if XCHG_MAX else 1
-        )
+        RED_R: gl.constexpr = (BLOCK_H if HEAD_MAJOR else BLOCK_N // 16) if XCHG_MAX else 1
         RED_C: gl.constexpr = (2 if HEAD_MAJOR else BLOCK_H) if XCHG_MAX else 1
         red_smem = gl.allocate_shared_memory(
             gl.float32, [RED_R, RED_C], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -809,7 +780,7 @@ if _HAS_GLUON:
                         (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
                          empty_bars, red_smem, start, end, qk_scale, q_ptr + t * stride_qt,
                          hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, XCHG_MAX, LAZY),
+                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, XCHG_MAX),
                     ),
                     (
                         _sm90_ws_gather,
@@ -905,7 +876,6 @@ if _HAS_GLUON:
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
             "XCHG_MAX": cfg.xchg_max,
-            "LAZY": cfg.lazy_rescale,
         }
 
 
@@ -1199,7 +1169,6 @@ def _launch(
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
-            or (cfg.lazy_rescale and not (cfg.head_major and cfg.xchg_max))
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
