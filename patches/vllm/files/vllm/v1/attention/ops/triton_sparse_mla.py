@@ -145,9 +145,11 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "ws_h64": SparseMLAConfig(
         64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
     ),
-    # 64-head blocks head-major (heads as wgmma M): half the barriers a tile.
+    # 64-head blocks head-major (heads as wgmma M): half the barriers a tile; the row
+    # max crosses the warpgroups through one store and one barrier (xchg_max).
     "hm_h64": SparseMLAConfig(
-        64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, head_major=True
+        64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, head_major=True,
+        xchg_max=True,
     ),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
