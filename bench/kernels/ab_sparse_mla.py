@@ -6,7 +6,7 @@ timed first. Here every contender is timed once per round, the order rotating fr
 round to round, and the medians over the rounds are compared, so drift within a
 row is spread over all of them. GPU machine only:
 
-  python3 bench/kernels/ab_sparse_mla.py --configs ours hm_h64_xm --cells 128x1024 --rounds 6
+  python3 bench/kernels/ab_sparse_mla.py --configs ours hm_h64 --cells 128x1024 --rounds 6
 """
 
 from __future__ import annotations

@@ -348,15 +348,10 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # reduced every tile at 64 heads (rs).
         "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
-        # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64).
+        # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64,
+        # the launch-time choice before xchg_max).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
-        # The producer-warp choices with the row max crossing the warps through one
-        # store and one barrier (xm).
-        "ws_h8_xm": (g(8, 8, dup_s=True, producer_warps=4, xchg_max=True), lambda h: h <= 8),
-        "ws_h16_xm": (g(16, 8, producer_warps=4, xchg_max=True), lambda h: h == 16),
-        "ws_h32_xm": (g(32, 8, producer_warps=4, xchg_max=True), mid),
-        "hm_h64_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),
     }
 
 

@@ -81,9 +81,8 @@ class SparseMLAConfig:
     producer_regs: int = 88
     sum_late: bool = False  # Gluon: keep row sums per row at 64 heads as well
     head_major: bool = False  # Gluon with producer warps, 64-head blocks: heads as wgmma M
-    # Gluon: each tile's row max crosses the warps through one shared-memory store and one
-    # barrier (the partial maxima, read back in the layouts that need them) instead of
-    # Triton's reduction and layout conversion.
+    # Head-major: the row max crosses the warpgroups through one shared-memory store and
+    # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
     xchg_max: bool = False
 
     def launch_options(self) -> dict[str, int]:
@@ -103,7 +102,7 @@ class SparseMLAConfig:
             p_tile = self.block_n * self.block_h * 2
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
-            red = 4 * self.block_h * max(2, self.block_n // 16) if self.xchg_max else 0
+            red = 8 * self.block_h if self.xchg_max else 0  # each warpgroup's row max
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
@@ -366,29 +365,12 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _sm90_softmax_pv(
-        s, ss_cur, qk_scale, m_i, m_o, l_part, acc, kv_i, p_smem, red_smem,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
-        XCHG_MAX: gl.constexpr,
+        s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
+        O_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
     ):  # fmt: skip
-        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT.
-
-        m_o is the running max in oT's head layout, kept only with XCHG_MAX: each warp
-        stores its max over its 16 rows, and after one barrier the table is read in
-        both layouts, so alpha needs no conversion through shared memory (Triton's
-        reduction and conversion take four barriers)."""
-        BLOCK_N: gl.constexpr = s.shape[0]
-        BLOCK_H: gl.constexpr = s.shape[1]
+        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT."""
         s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
-        if XCHG_MAX:
-            red_smem.store(gl.max(gl.reshape(s, [BLOCK_N // 16, 16, BLOCK_H]), 1))
-            gl.thread_barrier()
-            m_new = gl.maximum(m_i, gl.max(red_smem.load(S_LAYOUT), 0))
-            m_new_o = gl.maximum(m_o, gl.max(red_smem.load(O_LAYOUT), 0))
-            m_use_o = gl.where(m_new_o == float("-inf"), 0.0, m_new_o)
-            alpha_o = gl.exp2(m_o - m_use_o)
-        else:
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-            m_new_o = m_o
+        m_new = gl.maximum(m_i, gl.max(s, 0))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
         p = gl.exp2(s - m_use[None, :])
@@ -396,24 +378,22 @@ if _HAS_GLUON:
             l_part = l_part * alpha[None, :] + p
         else:
             l_part = l_part * alpha + gl.sum(p, 0)
-        if not XCHG_MAX:
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))
         acc = acc * alpha_o[None, :]
         p_smem.store(p.to(p_smem.dtype))
         gl_fence_async_shared()
         gl.thread_barrier()
         o_tok = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
         acc = gl_wgmma_wait(0, deps=[o_tok])
-        return m_new, m_new_o, l_part, acc
+        return m_new, l_part, acc
 
     @gluon.jit
     def _sm90_loop_inline(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, red_smem, kv_ptr, idx_row, start, end,
-        qk_scale, PAGE, stride_kvb, stride_kvs,
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end, qk_scale,
+        PAGE, stride_kvb, stride_kvs,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
         S_LAYOUT: gl.constexpr, LATE_ISSUE: gl.constexpr, LATE_SUM: gl.constexpr,
-        XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """The KV-major tile loop with the gathers issued by the same warps that run the
         MMAs: at the top of iteration i the gather of tile i + NBUF - 1 goes out into
@@ -444,7 +424,6 @@ if _HAS_GLUON:
         m_i, l_part, acc, s_zero = _sm90_kv_state(
             BLOCK_H, BLOCK_N, DV, O_LAYOUT, S_LAYOUT, LATE_SUM
         )
-        m_o = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
         for i in range(0, n_tiles):
             nb = (i + NBUF - 1) % NBUF  # the buffer tile i-1 used
             if not LATE_ISSUE:
@@ -479,10 +458,9 @@ if _HAS_GLUON:
             sg_next = sg_next2
             sr_next = sr_next2
             s = gl_wgmma_wait(0, deps=[s_tok])
-            m_i, m_o, l_part, acc = _sm90_softmax_pv(
-                s, ss_cur, qk_scale, m_i, m_o, l_part, acc, kv_i, p_smem, red_smem,
-                O_LAYOUT, S_LAYOUT, LATE_SUM, XCHG_MAX,
-            )  # fmt: skip
+            m_i, l_part, acc = _sm90_softmax_pv(
+                s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
+            )
             ss_cur = ss_next
         gl_cp.wait_group(0)
         return m_i, l_part, acc
@@ -532,10 +510,9 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_ws_loop_kv(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        red_smem, start, end, qk_scale,
+        start, end, qk_scale,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
-        XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
         """KV-major MMA loop fed by producer warps: wait for tile i, run it, release it."""
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -543,7 +520,6 @@ if _HAS_GLUON:
         m_i, l_part, acc, s_zero = _sm90_kv_state(
             BLOCK_H, BLOCK_N, DV, O_LAYOUT, S_LAYOUT, LATE_SUM
         )
-        m_o = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
         for i in range(0, n_tiles):
             buf = i % NBUF
             mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
@@ -554,10 +530,9 @@ if _HAS_GLUON:
             ss = slot_smem.index(buf).load(gl.SliceLayout(1, S_LAYOUT))
             ss = gl.where(start + i * BLOCK_N + rows_s < end, ss, -1)
             s = gl_wgmma_wait(0, deps=[s_tok])
-            m_i, m_o, l_part, acc = _sm90_softmax_pv(
-                s, ss, qk_scale, m_i, m_o, l_part, acc, kv_i, p_smem, red_smem,
-                O_LAYOUT, S_LAYOUT, LATE_SUM, XCHG_MAX,
-            )  # fmt: skip
+            m_i, l_part, acc = _sm90_softmax_pv(
+                s, ss, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
+            )
             # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
             gl.thread_barrier()
             mbarrier.arrive(empty_bars.index(buf))
@@ -638,8 +613,8 @@ if _HAS_GLUON:
         else:
             m_i, l_part, acc = _sm90_ws_loop_kv(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-                red_smem, start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
-                S_LAYOUT, LATE_SUM, XCHG_MAX,
+                start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT,
+                LATE_SUM,
             )  # fmt: skip
         return m_i, l_part, acc
 
@@ -755,13 +730,6 @@ if _HAS_GLUON:
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl128)
         kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl128)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
-        # XCHG_MAX: this tile's partial row maxima, per warpgroup (head-major, [heads, 2])
-        # or per warp of 16 rows (KV-major, [BLOCK_N / 16, heads]).
-        RED_R: gl.constexpr = (BLOCK_H if HEAD_MAJOR else BLOCK_N // 16) if XCHG_MAX else 1
-        RED_C: gl.constexpr = (2 if HEAD_MAJOR else BLOCK_H) if XCHG_MAX else 1
-        red_smem = gl.allocate_shared_memory(
-            gl.float32, [RED_R, RED_C], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
 
         start = sp * SPLIT_LEN
         end = gl.minimum(start + SPLIT_LEN, TOPK)
@@ -771,6 +739,11 @@ if _HAS_GLUON:
             empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
             slot_smem = gl.allocate_shared_memory(
                 gl.int32, [NBUF, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
+            # Head-major with XCHG_MAX: each warpgroup's row max for this tile.
+            RED_H: gl.constexpr = BLOCK_H if XCHG_MAX else 1
+            red_smem = gl.allocate_shared_memory(
+                gl.float32, [RED_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
@@ -796,10 +769,10 @@ if _HAS_GLUON:
             )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_loop_inline(
-                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, red_smem, kv_ptr, idx_row, start,
-                end, qk_scale, PAGE, stride_kvb, stride_kvs,
+                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end,
+                qk_scale, PAGE, stride_kvb, stride_kvs,
                 BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_ISSUE,
-                LATE_SUM, XCHG_MAX,
+                LATE_SUM,
             )  # fmt: skip
 
         # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
@@ -1171,6 +1144,7 @@ def _launch(
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
+            or (cfg.xchg_max and not cfg.head_major)
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
