@@ -12,7 +12,6 @@ row is spread over all of them. GPU machine only:
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -49,14 +48,13 @@ def main() -> int:
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     torch.manual_seed(0)
-    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 60e6)
-    kv = torch.randn(1 << 21, 576, device="cuda", dtype=torch.bfloat16)
+    l2 = bench.l2_bytes(torch.cuda.get_device_properties(0))
+    kv = torch.randn(bench.SLOTS, 576, device="cuda", dtype=torch.bfloat16)
     fm, fm_status = (None, "off") if args.no_flashmla else bench.load_flashmla()
     print(f"flashmla: {fm_status}", flush=True)
     failures = 0
     for h, t in args.cells:
-        n_sets = max(2, math.ceil(3 * l2 / (t * bench.TOPK * 576 * 2)))
-        case = bench.Case(h, t, kv, None, n_sets)
+        case = bench.Case(h, t, kv, None, bench.index_sets(t, l2))
         ref = case.reference()
         fns: dict[str, list] = {}
         if fm is not None:

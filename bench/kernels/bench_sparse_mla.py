@@ -40,6 +40,17 @@ HEADS = (8, 16, 32, 64, 128)
 BATCHES = (1, 16, 32, 64, 128)  # decode
 PREFILL = (1024, 4096)  # prefill query tokens
 HAND_MAX_TOKENS = 128  # the hand approach is a decode kernel; prefill rows leave it out
+SLOTS = 1 << 21  # KV cache rows (2M = 2.4 GB bf16)
+
+
+def l2_bytes(dev: object) -> int:
+    """The device's L2 size (60 MB where torch does not report it)."""
+    return int(getattr(dev, "L2_cache_size", 0) or 60e6)
+
+
+def index_sets(tokens: int, l2: int) -> int:
+    """Index sets a cell replays so that one replay gathers >= 3x the L2 (cold L2)."""
+    return max(2, math.ceil(3 * l2 / (tokens * TOPK * 576 * 2)))
 
 
 # ----------------------------------------------------------------------------- peers
@@ -422,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     dev = torch.cuda.get_device_properties(0)
     info = mod._device_info(torch.device("cuda", 0))
-    l2 = int(getattr(dev, "L2_cache_size", 0) or 60e6)
+    l2 = l2_bytes(dev)
     print(
         f"device {dev.name} sm{dev.major}{dev.minor} SMs {info.num_sms} smem {info.smem_bytes} "
         f"L2 {l2 / 1e6:.0f} MB"
@@ -455,8 +466,7 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     for h in args.heads:
         for b in tokens:
-            per_call = b * TOPK * 576 * 2
-            n_sets = max(2, math.ceil(3 * l2 / per_call))  # >= 3x L2 per replay
+            n_sets = index_sets(b, l2)
             case = Case(h, b, kv, kv8, n_sets)
             ref = case.reference()
             row: dict[str, float] = {}
@@ -496,7 +506,7 @@ def run(args: argparse.Namespace) -> int:
                 except Exception as exc:  # noqa: BLE001 - keep the table; counted as a failure
                     print(f"  {name} h{h} b{b} timing: {type(exc).__name__}: {str(exc)[:300]}")
                     failures += 1
-            nbytes = per_call + b * h * (576 + 512) * 2
+            nbytes = b * TOPK * 576 * 2 + b * h * (576 + 512) * 2  # gathered KV, q and out
             flops = 2 * b * h * TOPK * (576 + 512)
             row["floor"] = max(nbytes / bw, flops / mm)
             results[(h, b)] = row
@@ -545,7 +555,7 @@ def main() -> int:
     ap.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
     ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="decode rows")
     ap.add_argument("--prefill", type=int, nargs="*", default=list(PREFILL), help="prefill rows")
-    ap.add_argument("--slots", type=int, default=1 << 21, help="KV cache rows (2M = 2.4 GB bf16)")
+    ap.add_argument("--slots", type=int, default=SLOTS, help="KV cache rows (2M = 2.4 GB bf16)")
     ap.add_argument("--sweep", action="store_true", help="also time the candidate configs")
     ap.add_argument("--variants", nargs="*", help="with --sweep: only names matching these")
     ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
