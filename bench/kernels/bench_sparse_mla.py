@@ -363,15 +363,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # the launch-time choice before xchg_max).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
-        # Head-major with xchg_max, one program per SM walking the items.
-        "hm_pers": (
-            g(64, 8, producer_warps=4, head_major=True, xchg_max=True, persistent=True),
-            many,
-        ),
-        "hm_mst": (
-            g(64, 8, producer_warps=4, head_major=True, xchg_max=True, mma_store=True),
-            many,
-        ),
     }
 
 

@@ -27,7 +27,7 @@ SM120_SMEM_LIMIT = 101376  # 99 KiB, the opt-in maximum a block gets on SM120
 
 # Arguments compiled as pointers, and the ones Triton would specialise as
 # multiples of 16 for real tensors (aligned bases, 576-element rows).
-_POINTERS = {"q_ptr", "kv_ptr", "idx_ptr", "o_ptr", "lse_ptr", "po_ptr", "plse_ptr", "sched_ptr"}
+_POINTERS = {"q_ptr", "kv_ptr", "idx_ptr", "o_ptr", "lse_ptr", "po_ptr", "plse_ptr"}
 _FLOATS = {"qk_scale", "v_scale"}
 _DIV16 = _POINTERS | {
     "stride_qt",
@@ -53,7 +53,6 @@ def _ptr_type(name: str, dtype: str, kv_dtype: str) -> str:
         "q_ptr": f"*{dtype}",
         "kv_ptr": f"*{kv_dtype}",
         "idx_ptr": "*i32",
-        "sched_ptr": "*i32",
         "o_ptr": f"*{dtype}",
     }.get(name, "*fp32")
 

@@ -236,12 +236,8 @@ GLUON_CFGS = list(dict.fromkeys([
     # The row max across the warpgroups through one store and one barrier (xchg_max).
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, xchg_max=True),
-    # One program per SM walking the items (here at most one item a program).
-    mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        head_major=True, xchg_max=True, persistent=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
-PERSISTENT_CFGS = [c for c in GLUON_CFGS if c.persistent]
 
 
 @pytest.mark.gpu
@@ -263,27 +259,6 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", PERSISTENT_CFGS, ids=repr)
-@pytest.mark.parametrize("t,h,topk,num_splits", [(150, 128, 448, 3), (300, 64, 200, 1)])
-def test_gluon_persistent_walks_many_items(
-    cfg: object, t: int, h: int, topk: int, num_splits: int
-) -> None:
-    # More items than SMs: each program runs several, with 3 tiles an item (odd, so the
-    # buffers' phases flip between items) or 4 with a ragged last tile.
-    q, kv, idx = make_inputs(t, h, topk, num_blocks=64)
-    if torch.cuda.get_device_capability()[0] != 9:  # SM90 only: refused elsewhere
-        with pytest.raises(ValueError, match="SM90"):
-            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
-        return
-    assert t * math.ceil(h / cfg.block_h) * num_splits > 2 * mod._device_info(DEVICE).num_sms
-    idx[1, 64:100] = -1
-    idx[-1, topk // 2 :] = -1
-    for _ in range(2):  # the second launch takes items from the queue the first reset
-        run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
-        assert mod._item_queue(DEVICE).tolist() == [0, 0], "item queue not reset"
-
-
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -291,9 +266,6 @@ def test_gluon_persistent_walks_many_items(
         mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, head_major=True),
         # The hand-rolled row-max exchange exists only in the head-major loop.
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, xchg_max=True),
-        # So does the persistent item walk.
-        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
-                            persistent=True),
     ],
     ids=repr,
 )

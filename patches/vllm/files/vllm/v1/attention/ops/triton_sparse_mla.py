@@ -84,10 +84,6 @@ class SparseMLAConfig:
     # Head-major: the row max crosses the warpgroups through one shared-memory store and
     # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
     xchg_max: bool = False
-    # Head-major: one program per SM walks the (token, split, head block) items, so the
-    # producer warps gather the next item's first tiles while this one ends.
-    persistent: bool = False
-    mma_store: bool = False  # EXPERIMENT
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -472,18 +468,15 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_ws_gather(
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
-        it0, PAGE, stride_kvb, stride_kvs,
+        PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr, item_smem=None, item=None,
+        P_WARPS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps: copy tile i's slots and gather its rows into buffer i % NBUF
         as soon as the MMA warps release it, and let its full barrier complete when this
         thread's copies land (cp.async.mbarrier.arrive.noinc: the barrier counts the
         producer threads). The slots travel in shared memory so that the MMA warps have
-        no global load in flight at their fences (fence.proxy.async is a MEMBAR).
-        it0: tiles this program gathered before (buffer and phase run on across items).
-        item_smem (persistent programs): each buffer's item is written there and the
-        full barrier takes one plain arrive more, which publishes it."""
+        no global load in flight at their fences (fence.proxy.async is a MEMBAR)."""
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
@@ -500,8 +493,8 @@ if _HAS_GLUON:
             n1 = start + (i + 1) * BLOCK_N
             sg_next = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
             sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
-            b = (it0 + i) % NBUF
-            mbarrier.wait(empty_bars.index(b), (((it0 + i) // NBUF) & 1) ^ 1, pred=it0 + i >= NBUF)
+            b = i % NBUF
+            mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
             n0 = n1 - BLOCK_N  # rows past the split's end: zeros, masked by the MMA warps
             gl_cp.async_copy_global_to_shared(
                 slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
@@ -511,9 +504,6 @@ if _HAS_GLUON:
                 PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
             )  # fmt: skip
             gl_cp.mbarrier_arrive(full_bars.index(b), increment_count=False)
-            if item_smem is not None:
-                _sm90_tag(item_smem.index(b), item)
-                mbarrier.arrive(full_bars.index(b))
             sg = sg_next
             sr = sr_next
 
@@ -551,7 +541,7 @@ if _HAS_GLUON:
     @gluon.jit
     def _sm90_ws_loop_hm(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-        red_smem, start, end, it0, qk_scale,
+        red_smem, start, end, qk_scale,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, XCHG_MAX: gl.constexpr,
     ):  # fmt: skip
@@ -566,8 +556,8 @@ if _HAS_GLUON:
         acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=O_LAYOUT)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         for i in range(0, n_tiles):
-            buf = (it0 + i) % NBUF
-            mbarrier.wait(full_bars.index(buf), ((it0 + i) // NBUF) & 1)
+            buf = i % NBUF
+            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
             gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -617,7 +607,7 @@ if _HAS_GLUON:
         if HEAD_MAJOR:
             m_i, l_part, acc = _sm90_ws_loop_hm(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-                red_smem, start, end, 0, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
+                red_smem, start, end, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
                 S_LAYOUT, XCHG_MAX,
             )  # fmt: skip
         else:
@@ -650,163 +640,6 @@ if _HAS_GLUON:
             row_l = (t * H + offs_hl) * NUM_SPLITS + sp
             gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
-    @gluon.jit
-    def _sm90_epilogue(
-        m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
-        o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
-        HEAD_MAJOR: gl.constexpr, DIRECT: gl.constexpr, MMA_STORE: gl.constexpr,
-        stage_smem=None,
-    ):  # fmt: skip
-        """A program's (or one item's) o scaled by 1/l and lse, stored. MMA_STORE
-        (head-major): straight from the accumulator's layout, without the layout
-        change's shared-memory scratch (which a persistent program cannot spare)."""
-        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
-        # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
-        # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
-        ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
-        if LATE_SUM:  # noqa: SIM108
-            l_i = gl.sum(l_part, ROWS)
-        else:
-            l_i = l_part
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
-        if stage_smem is not None and not MMA_STORE:
-            # Head-major, o in q's dtype: through shared memory (q's free buffer) into
-            # 16-byte runs, as the layout change would do with scratch of its own.
-            stage_smem.store((acc * inv[:, None]).to(stage_smem.dtype))
-            gl.thread_barrier()
-            st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
-            out = stage_smem.load(st_layout)
-            gl.thread_barrier()  # every thread has read it: q may be loaded again
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
-            head_ix = offs_h[:, None]
-            col_ix = offs_c[None, :]
-        elif MMA_STORE:
-            out = acc * inv[:, None]
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, O_LAYOUT))
-            head_ix = offs_h[:, None]
-            col_ix = offs_c[None, :]
-        elif HEAD_MAJOR:
-            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
-            out = gl.convert_layout(acc * inv[:, None], st_layout)
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
-            head_ix = offs_h[:, None]
-            col_ix = offs_c[None, :]
-        else:
-            st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-            out = gl.convert_layout(acc * inv[None, :], st_layout)
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-            head_ix = offs_h[None, :]
-            col_ix = offs_c[:, None]
-        _sm90_store(
-            out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            DV, DIRECT,
-        )  # fmt: skip
-
-    @gluon.jit
-    def _sm90_item(item, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK):
-        """Work item -> (head block, split, token, top-k range). Head blocks of one
-        (token, split) are adjacent items, so they run together and all but the first
-        read the gathered rows from L2."""
-        hb = item % NUM_HBLK
-        rest = item // NUM_HBLK
-        sp = rest % NUM_SPLITS
-        t = (rest // NUM_SPLITS).to(gl.int64)
-        start = sp * SPLIT_LEN
-        end = gl.minimum(start + SPLIT_LEN, TOPK)
-        return hb, sp, t, start, end
-
-    @gluon.jit
-    def _sm90_pers_gather(
-        kv_smem, kpe_smem, slot_smem, item_smem, full_bars, empty_bars, kv_ptr, idx_ptr,
-        sched_ptr, stride_it, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK, NUM_ITEMS,
-        PAGE, stride_kvb, stride_kvs,
-        BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
-    ):  # fmt: skip
-        """Producer warps of a persistent program: take the next item from the queue
-        (sched_ptr[0]), gather its tiles, on into the next item's as buffers free up;
-        each tile's buffer carries its item for the MMA warps. At the end, a tile with
-        item NUM_ITEMS tells them to stop, and the last program out resets the queue
-        (sched_ptr[1] counts the programs done), ready for the next launch."""
-        it = 0
-        item = gl.atomic_add(sched_ptr, 1)
-        while item < NUM_ITEMS:
-            hb, sp, t, start, end = _sm90_item(item, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK)
-            _sm90_ws_gather(
-                kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                idx_ptr + t * stride_it, start, end, it, PAGE, stride_kvb, stride_kvs,
-                BLOCK_N, DV, DR, NBUF, P_WARPS, item_smem, item,
-            )  # fmt: skip
-            it += gl.cdiv(end - start, BLOCK_N)
-            item = gl.atomic_add(sched_ptr, 1)
-        b = it % NBUF
-        mbarrier.wait(empty_bars.index(b), ((it // NBUF) & 1) ^ 1, pred=it >= NBUF)
-        _sm90_tag(item_smem.index(b), NUM_ITEMS)
-        mbarrier.arrive(full_bars.index(b), count=P_WARPS * 32 + 1)
-        if gl.atomic_add(sched_ptr + 1, 1) == gl.num_programs(0) - 1:
-            gl.atomic_xchg(sched_ptr, 0)
-            gl.atomic_xchg(sched_ptr + 1, 0)
-
-    @gluon.jit
-    def _sm90_tag(tag_smem, item):
-        """Every thread writes the buffer's item (the same value), before the arrive."""
-        lay: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        tag_smem.store(gl.full([1], item, gl.int32, layout=lay))
-
-    @gluon.jit
-    def _sm90_read_tag(tag_smem):
-        lay: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        return gl.max(tag_smem.load(lay), 0)
-
-    @gluon.jit
-    def _sm90_pers_mma(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, item_smem, full_bars,
-        empty_bars, red_smem, q_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr, qk_scale, v_scale, H,
-        TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK, NUM_ITEMS,
-        stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
-        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, O_LAYOUT: gl.constexpr,
-        S_LAYOUT: gl.constexpr, XCHG_MAX: gl.constexpr, DIRECT: gl.constexpr,
-    ):  # fmt: skip
-        """MMA warps of a persistent program (head-major): for each item the producers
-        hand over, q to shared memory, the tile loop, the epilogue (o staged through q's
-        buffer, which the last tile's closing barrier has freed)."""
-        it = 0
-        mbarrier.wait(full_bars.index(0), 0)
-        item = _sm90_read_tag(item_smem.index(0))
-        while item < NUM_ITEMS:
-            hb, sp, t, start, end = _sm90_item(item, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK)
-            _sm90_load_q(
-                q_smem, qpe_smem, q_ptr + t * stride_qt, hb * BLOCK_H, H, stride_qh,
-                BLOCK_H, DV, DR, NUM_WARPS,
-            )  # fmt: skip
-            gl.thread_barrier()  # every warp's part of q is stored (fenced after the wait)
-            m_i, l_part, acc = _sm90_ws_loop_hm(
-                q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
-                red_smem, start, end, it, qk_scale, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
-                S_LAYOUT, XCHG_MAX,
-            )  # fmt: skip
-            it += gl.cdiv(end - start, BLOCK_N)
-            _sm90_epilogue(
-                m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
-                o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-                BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT, True, True, DIRECT, not DIRECT,
-                q_smem,
-            )  # fmt: skip
-            b = it % NBUF
-            mbarrier.wait(full_bars.index(b), (it // NBUF) & 1)
-            item = _sm90_read_tag(item_smem.index(b))
-
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
     # tensor cores read from shared memory once a tile (the Triton kernel's
@@ -818,7 +651,7 @@ if _HAS_GLUON:
     # Triton's pipeliner, given the same KV-major loop, issued the next gather
     # after both MMAs and read its slots right before it, exposing both latencies.
     # O_LAYOUT / S_LAYOUT (the MMA accumulators' layouts) come from _sm90_constexprs.
-    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK", "NUM_ITEMS"])
+    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
     def _sparse_mla_split_kernel_sm90(
         q_ptr,
         kv_ptr,
@@ -827,7 +660,6 @@ if _HAS_GLUON:
         lse_ptr,
         po_ptr,
         plse_ptr,
-        sched_ptr,
         qk_scale,
         v_scale,
         H,
@@ -835,7 +667,6 @@ if _HAS_GLUON:
         SPLIT_LEN,
         NUM_SPLITS,
         NUM_HBLK,
-        NUM_ITEMS,
         PAGE,
         stride_qt,
         stride_qh,
@@ -863,8 +694,6 @@ if _HAS_GLUON:
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
         XCHG_MAX: gl.constexpr,
-        PERSISTENT: gl.constexpr,
-        MMA_STORE: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -883,7 +712,11 @@ if _HAS_GLUON:
         )
         dtype: gl.constexpr = q_ptr.dtype.element_ty
 
-        hb, sp, t, start, end = _sm90_item(gl.program_id(0), TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK)
+        pid = gl.program_id(0)
+        hb = pid % NUM_HBLK
+        rest = pid // NUM_HBLK
+        sp = rest % NUM_SPLITS
+        t = (rest // NUM_SPLITS).to(gl.int64)
 
         # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
         # With producer warps the MMA warps load it, so the first gathers go out at once.
@@ -898,6 +731,8 @@ if _HAS_GLUON:
         kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl128)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], p_sl)
 
+        start = sp * SPLIT_LEN
+        end = gl.minimum(start + SPLIT_LEN, TOPK)
         idx_row = idx_ptr + t * stride_it
         if P_WARPS > 0:
             full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -910,38 +745,9 @@ if _HAS_GLUON:
             red_smem = gl.allocate_shared_memory(
                 gl.float32, [RED_H, 2], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )
-            # Persistent: each buffer's item, published by one plain arrive more.
-            item_smem = gl.allocate_shared_memory(
-                gl.int32, [NBUF, 1], gl.SwizzledSharedLayout(1, 1, 1, [0])
-            )
             for j in gl.static_range(NBUF):
-                mbarrier.init(full_bars.index(j), count=P_WARPS * 32 + PERSISTENT)
+                mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
                 mbarrier.init(empty_bars.index(j), count=1)
-        if PERSISTENT:  # head-major with producer warps; each item ends in its epilogue
-            gl.warp_specialize(
-                [
-                    (
-                        _sm90_pers_mma,
-                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, item_smem,
-                         full_bars, empty_bars, red_smem, q_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr,
-                         qk_scale, v_scale, H, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK,
-                         NUM_ITEMS, stride_qt, stride_qh, stride_ot, stride_oh, stride_lt,
-                         stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, O_LAYOUT,
-                         S_LAYOUT, XCHG_MAX, DIRECT),
-                    ),
-                    (
-                        _sm90_pers_gather,
-                        (kv_smem, kpe_smem, slot_smem, item_smem, full_bars, empty_bars,
-                         kv_ptr, idx_ptr, sched_ptr, stride_it, TOPK, SPLIT_LEN, NUM_SPLITS,
-                         NUM_HBLK, NUM_ITEMS, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR,
-                         NBUF, P_WARPS),
-                    ),
-                ],
-                [P_WARPS],
-                [P_REGS],
-            )  # fmt: skip
-            return
-        if P_WARPS > 0:
             m_i, l_part, acc = gl.warp_specialize(
                 [
                     (
@@ -954,7 +760,7 @@ if _HAS_GLUON:
                     (
                         _sm90_ws_gather,
                         (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                         start, end, 0, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                         start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
                          P_WARPS),
                     ),
                 ],
@@ -969,10 +775,36 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        _sm90_epilogue(
-            m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
+        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
+        # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
+        # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
+        ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
+        if LATE_SUM:  # noqa: SIM108
+            l_i = gl.sum(l_part, ROWS)
+        else:
+            l_i = l_part
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
+        if HEAD_MAJOR:
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
+            out = gl.convert_layout(acc * inv[:, None], st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
+            head_ix = offs_h[:, None]
+            col_ix = offs_c[None, :]
+        else:
+            st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+            out = gl.convert_layout(acc * inv[None, :], st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+            head_ix = offs_h[None, :]
+            col_ix = offs_c[:, None]
+        _sm90_store(
+            out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
             o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, DIRECT, MMA_STORE,
+            DV, DIRECT,
         )  # fmt: skip
 
     def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
@@ -1019,8 +851,6 @@ if _HAS_GLUON:
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
             "XCHG_MAX": cfg.xchg_max,
-            "PERSISTENT": cfg.persistent,
-            "MMA_STORE": cfg.mma_store,
         }
 
 
@@ -1258,16 +1088,6 @@ def sparse_mla_fwd(
 
 
 _UNFIT: set[tuple[torch.device, torch.dtype, SparseMLAConfig]] = set()
-_QUEUES: dict[torch.device, torch.Tensor] = {}
-
-
-def _item_queue(device: torch.device) -> torch.Tensor:
-    """The persistent kernel's item counter and finished-program count, zero between
-    launches (the kernel's last program resets them). One per device: persistent
-    launches on a device run one after another (one stream)."""
-    if device not in _QUEUES:
-        _QUEUES[device] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _QUEUES[device]
 
 
 def _nvmma_swizzle(row_bytes: int) -> int:
@@ -1317,18 +1137,14 @@ def _launch(
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
-    num_items = num_tokens * num_splits * num_hblk
-    # Persistent: one program per SM (these configs fill an SM's shared memory alone),
-    # taking items from a queue in device memory.
-    grid = (min(num_items, info.num_sms) if cfg.persistent else num_items,)
-    sched = _item_queue(q.device) if cfg.persistent else lse
+    grid = (num_tokens * num_splits * num_hblk,)
     if cfg.gluon:  # a config with no build is refused on any machine
         if (
             cfg.block_n != 64
             or cfg.num_warps % 4
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
-            or ((cfg.xchg_max or cfg.persistent) and not cfg.head_major)
+            or (cfg.xchg_max and not cfg.head_major)
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
@@ -1336,9 +1152,9 @@ def _launch(
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
         build = _sparse_mla_split_kernel_sm90[grid](
-            q, kv_cache, indices, out, lse, po, plse, sched,
+            q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
-            num_heads, topk, split_len, num_splits, num_hblk, num_items, kv_cache.shape[1],
+            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
             q.stride(0), q.stride(1),
             kv_cache.stride(0), kv_cache.stride(1),
             indices.stride(0),
