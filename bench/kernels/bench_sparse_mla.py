@@ -363,6 +363,10 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # the launch-time choice before xchg_max).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
+        # Head-major, s and the softmax by one warpgroup, o split between two.
+        "hm_s1": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True), many),
+        "hm_s1st": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True, o_stage=True), many),
+        "hm_s1e": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True, o_stage=True, early_s=True), many),
     }
 
 

@@ -236,6 +236,13 @@ GLUON_CFGS = list(dict.fromkeys([
     # The row max across the warpgroups through one store and one barrier (xchg_max).
     mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, xchg_max=True),
+    # One warpgroup computes s and the softmax, the other only half of o (s_by_one).
+    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        head_major=True, s_by_one=True),
+    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        head_major=True, s_by_one=True, o_stage=True),
+    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
+                        head_major=True, s_by_one=True, o_stage=True, early_s=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
 

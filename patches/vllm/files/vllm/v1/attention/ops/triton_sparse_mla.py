@@ -84,6 +84,12 @@ class SparseMLAConfig:
     # Head-major: the row max crosses the warpgroups through one shared-memory store and
     # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
     xchg_max: bool = False
+    # Head-major, three partitions of one warpgroup each: the first computes s and the
+    # softmax for all 64 rows (q read from shared memory once a tile, no max exchange)
+    # and half of o; the second the other half of o; the third gathers. num_warps 4.
+    s_by_one: bool = False
+    o_stage: bool = False  # EXPERIMENT
+    early_s: bool = False  # EXPERIMENT
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -103,6 +109,7 @@ class SparseMLAConfig:
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
             red = 8 * self.block_h if self.xchg_max else 0  # each warpgroup's row max
+            red += 4 * self.block_h + 64 if self.s_by_one else 0  # alpha, 4 barriers
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
@@ -640,6 +647,192 @@ if _HAS_GLUON:
             row_l = (t * H + offs_hl) * NUM_SPLITS + sp
             gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
+    @gluon.jit
+    def _sm90_hm1_s_wg(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem, full_bars,
+        empty_bars, p_full, p_empty, start, end, qk_scale, v_scale, q_tok, hb, H, stride_qh,
+        t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
+        DIRECT: gl.constexpr, STAGE: gl.constexpr, EARLY_S: gl.constexpr,
+    ):  # fmt: skip
+        """s_by_one, first warpgroup: q to shared memory; per tile s = q . kvT for all 64
+        rows, the softmax (row max and sums within the warpgroup), p and alpha handed to
+        the second warpgroup (p_full / p_empty), o[:, :256] += p . v; at the end 1/l
+        handed over the same way, and this half of o and lse stored."""
+        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
+        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        acc = gl.zeros([BLOCK_H, DV // 2], gl.float32, layout=O_LAYOUT)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        if EARLY_S:
+            # q . kvT of tile i + 1 goes out right behind tile i's p . v (one wgmma group
+            # pending while waiting for p . v); on the last tile it reads the current
+            # buffer again and is dropped, so the wait counts stay fixed.
+            mbarrier.wait(full_bars.index(0), 0)
+            gl_fence_async_shared()
+            s_tok = gl_wgmma(
+                q_smem, kv_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
+            )
+            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(0).permute((1, 0)), s_tok, is_async=True)
+            for i in range(0, n_tiles):
+                buf = i % NBUF
+                kv_i = kv_smem.index(buf)
+                ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
+                ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
+                s = gl_wgmma_wait(0, deps=[s_tok])
+                s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(s - m_use[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+                acc = acc * alpha_o[:, None]
+                mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
+                p_smem.store(p.to(p_smem.dtype))
+                alpha_smem.store(alpha_o)
+                gl_fence_async_shared()
+                gl.thread_barrier()  # all of p (and alpha) is stored
+                mbarrier.arrive(p_full)
+                o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
+                more = i + 1 < n_tiles
+                nb = gl.where(more, (i + 1) % NBUF, buf)
+                mbarrier.wait(full_bars.index(nb), ((i + 1) // NBUF) & 1, pred=more)
+                gl_fence_async_shared()
+                kv_n = kv_smem.index(nb)
+                s_tok = gl_wgmma(
+                    q_smem, kv_n.permute((1, 0)), s_zero, use_acc=False, is_async=True
+                )
+                s_tok = gl_wgmma(
+                    qpe_smem, kpe_smem.index(nb).permute((1, 0)), s_tok, is_async=True
+                )
+                acc = gl_wgmma_wait(1, deps=[o_tok])
+                mbarrier.arrive(empty_bars.index(buf))
+                m_i = m_new
+            gl_wgmma_wait(0, deps=[s_tok])  # the dropped one, before q's buffer is reused
+        else:
+            for i in range(0, n_tiles):
+                buf = i % NBUF
+                mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+                gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+                kv_i = kv_smem.index(buf)
+                s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
+                ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
+                ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
+                s = gl_wgmma_wait(0, deps=[s_tok])
+                s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(s - m_use[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+                acc = acc * alpha_o[:, None]
+                # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
+                mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
+                p_smem.store(p.to(p_smem.dtype))
+                alpha_smem.store(alpha_o)
+                gl_fence_async_shared()
+                gl.thread_barrier()  # all of p (and alpha) is stored
+                mbarrier.arrive(p_full)
+                o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
+                acc = gl_wgmma_wait(0, deps=[o_tok])
+                mbarrier.arrive(empty_bars.index(buf))
+                m_i = m_new
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, O_LAYOUT))
+        mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
+        alpha_smem.store(inv)
+        gl.thread_barrier()
+        mbarrier.arrive(p_full)
+        _sm90_hm1_store(
+            acc * inv[:, None], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+            plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+            BLOCK_H, DV, O_LAYOUT, S_LAYOUT, DIRECT, True, q_smem.slice(0, DV // 2, 1), STAGE,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_hm1_o_wg(
+        q_smem, kv_smem, p_smem, alpha_smem, empty_bars, p_full, p_empty, start, end,
+        hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
+        STAGE: gl.constexpr,
+    ):  # fmt: skip
+        """s_by_one, second warpgroup: per tile, once p and alpha are handed over,
+        o[:, 256:] = o * alpha + p . v; at the end o scaled by the 1/l handed over."""
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        acc = gl.zeros([BLOCK_H, DV // 2], gl.float32, layout=O_LAYOUT)
+        for i in range(0, n_tiles):
+            buf = i % NBUF
+            mbarrier.wait(p_full, i & 1)
+            gl_fence_async_shared()  # p, and the tile the first warpgroup saw land
+            alpha = alpha_smem.load(gl.SliceLayout(1, O_LAYOUT))
+            acc = acc * alpha[:, None]
+            o_tok = gl_wgmma(p_smem, kv_smem.index(buf).slice(DV // 2, DV // 2, 1), acc,
+                             is_async=True)  # fmt: skip
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            gl.thread_barrier()  # every thread has read alpha
+            mbarrier.arrive(p_empty)
+            mbarrier.arrive(empty_bars.index(buf))
+        mbarrier.wait(p_full, n_tiles & 1)
+        inv = alpha_smem.load(gl.SliceLayout(1, O_LAYOUT))
+        _sm90_hm1_store(
+            acc * inv[:, None], inv, DV // 2, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
+            po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+            BLOCK_H, DV, O_LAYOUT, S_LAYOUT, DIRECT, False, q_smem.slice(DV // 2, DV // 2, 1),
+            STAGE,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_hm1_store(
+        out, lse2, c0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr,
+        S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr, WITH_LSE: gl.constexpr,
+        stage_smem, STAGE: gl.constexpr,
+    ):  # fmt: skip
+        """One warpgroup's half of o (columns c0 ..): in o's dtype through its half of
+        q's buffer (free once the last s is computed) into 16-byte runs, or partials
+        straight from the MMA layout."""
+        if STAGE and DIRECT:
+            stage_smem.store(out.to(stage_smem.dtype))
+            gl.thread_barrier()
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+            out = stage_smem.load(st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+            offs_c = c0 + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, st_layout))
+        else:
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
+            offs_c = c0 + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, O_LAYOUT))
+        head_ix = offs_h[:, None]
+        col_ix = offs_c[None, :]
+        mask_o = head_ix < H
+        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
+        if DIRECT:
+            o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
+            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_o)
+            if WITH_LSE:
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                    lse2 * 0.6931471805599453,
+                    mask=offs_hl < H,
+                )
+        else:
+            row = (t * H + head_ix) * NUM_SPLITS + sp
+            gl.store(po_ptr + row * DV + col_ix, out.to(po_ptr.dtype.element_ty), mask=mask_o)
+            if WITH_LSE:
+                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
     # tensor cores read from shared memory once a tile (the Triton kernel's
@@ -694,6 +887,10 @@ if _HAS_GLUON:
         P_REGS: gl.constexpr,
         HEAD_MAJOR: gl.constexpr,
         XCHG_MAX: gl.constexpr,
+        S_BY_ONE: gl.constexpr,
+        O_REGS: gl.constexpr,
+        O_STAGE: gl.constexpr,
+        EARLY_S: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -747,26 +944,62 @@ if _HAS_GLUON:
             )
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
-                mbarrier.init(empty_bars.index(j), count=1)
-            m_i, l_part, acc = gl.warp_specialize(
-                [
-                    (
-                        _sm90_ws_mma,
-                        (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
-                         empty_bars, red_smem, start, end, qk_scale, q_ptr + t * stride_qt,
-                         hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
-                         NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, XCHG_MAX),
-                    ),
-                    (
-                        _sm90_ws_gather,
-                        (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                         start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                         P_WARPS),
-                    ),
-                ],
-                [P_WARPS],
-                [P_REGS],
-            )  # fmt: skip
+                mbarrier.init(empty_bars.index(j), count=1 + S_BY_ONE)
+            if S_BY_ONE:  # three one-warpgroup partitions; each stores its own part
+                alpha_smem = gl.allocate_shared_memory(
+                    gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0])
+                )
+                p_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+                mbarrier.init(p_bars.index(0), count=1)  # p and alpha handed over
+                mbarrier.init(p_bars.index(1), count=1)  # ... and read
+                gl.warp_specialize(
+                    [
+                        (
+                            _sm90_hm1_s_wg,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem,
+                             full_bars, empty_bars, p_bars.index(0), p_bars.index(1), start, end,
+                             qk_scale, v_scale, q_ptr + t * stride_qt, hb, H, stride_qh, t, sp,
+                             NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                             stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
+                             S_LAYOUT, DIRECT, O_STAGE, EARLY_S),
+                        ),
+                        (
+                            _sm90_hm1_o_wg,
+                            (q_smem, kv_smem, p_smem, alpha_smem, empty_bars, p_bars.index(0),
+                             p_bars.index(1), start, end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
+                             po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+                             BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, O_STAGE),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                             P_WARPS),
+                        ),
+                    ],
+                    [4, P_WARPS],
+                    [O_REGS, P_REGS],
+                )  # fmt: skip
+            else:
+                m_i, l_part, acc = gl.warp_specialize(
+                    [
+                        (
+                            _sm90_ws_mma,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars,
+                             empty_bars, red_smem, start, end, qk_scale, q_ptr + t * stride_qt,
+                             hb * BLOCK_H, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF,
+                             NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, XCHG_MAX),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
+                             P_WARPS),
+                        ),
+                    ],
+                    [P_WARPS],
+                    [P_REGS],
+                )  # fmt: skip
         else:
             m_i, l_part, acc = _sm90_loop_inline(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, kv_ptr, idx_row, start, end,
@@ -775,43 +1008,51 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
-        # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
-        # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
-        ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
-        if LATE_SUM:  # noqa: SIM108
-            l_i = gl.sum(l_part, ROWS)
-        else:
-            l_i = l_part
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
-        if HEAD_MAJOR:
-            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
-            out = gl.convert_layout(acc * inv[:, None], st_layout)
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
-            head_ix = offs_h[:, None]
-            col_ix = offs_c[None, :]
-        else:
-            st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-            out = gl.convert_layout(acc * inv[None, :], st_layout)
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
-            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-            head_ix = offs_h[None, :]
-            col_ix = offs_c[:, None]
-        _sm90_store(
-            out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
-            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            DV, DIRECT,
-        )  # fmt: skip
+        if not S_BY_ONE:  # (those partitions store their own parts)
+            # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
+            # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
+            # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
+            ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
+            if LATE_SUM:  # noqa: SIM108
+                l_i = gl.sum(l_part, ROWS)
+            else:
+                l_i = l_part
+            has = l_i > 0.0
+            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
+            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
+            if HEAD_MAJOR:
+                st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
+                out = gl.convert_layout(acc * inv[:, None], st_layout)
+                offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+                offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
+                head_ix = offs_h[:, None]
+                col_ix = offs_c[None, :]
+            else:
+                st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+                out = gl.convert_layout(acc * inv[None, :], st_layout)
+                offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+                offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+                head_ix = offs_h[None, :]
+                col_ix = offs_c[:, None]
+            _sm90_store(
+                out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
+                o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+                DV, DIRECT,
+            )  # fmt: skip
 
     def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
         included (one definition for every tile loop and the epilogue)."""
         wg = cfg.num_warps // 4
-        if cfg.head_major:  # heads as M; the warpgroups split s's rows and o's columns
+        if cfg.s_by_one:  # one warpgroup a partition: s [64, 64], half of o [64, 256]
+            s_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.block_n, 16]
+            )
+            o_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_LATENT // 2, 16]
+            )
+        elif cfg.head_major:  # heads as M; the warpgroups split s's rows and o's columns
             s_layout = gl.NVMMADistributedLayout(
                 version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, cfg.block_n // wg, 16]
             )
@@ -851,6 +1092,10 @@ if _HAS_GLUON:
             "P_REGS": cfg.producer_regs,
             "HEAD_MAJOR": cfg.head_major,
             "XCHG_MAX": cfg.xchg_max,
+            "S_BY_ONE": cfg.s_by_one,
+            "O_REGS": 192,
+            "O_STAGE": cfg.o_stage,
+            "EARLY_S": cfg.early_s,
         }
 
 
@@ -1145,6 +1390,7 @@ def _launch(
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
+            or (cfg.s_by_one and (not cfg.head_major or cfg.num_warps != 4 or cfg.xchg_max))
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
