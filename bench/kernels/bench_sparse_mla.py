@@ -360,13 +360,11 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64,
-        # the launch-time choice before xchg_max).
+        # the launch-time choice before xchg_max and s_by_one).
         "ws_h64": (g(64, 8, producer_warps=4, sum_late=True), many),
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
-        # Head-major, s and the softmax by one warpgroup, o split between two.
-        "hm_s1": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True), many),
-        "hm_s1st": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True, o_stage=True), many),
-        "hm_s1e": (g(64, 4, producer_warps=4, head_major=True, s_by_one=True, o_stage=True, early_s=True), many),
+        # The launch-time choice before s_by_one: head-major, row max exchanged by hand.
+        "hm_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),
     }
 
 

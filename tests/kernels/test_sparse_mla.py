@@ -239,10 +239,6 @@ GLUON_CFGS = list(dict.fromkeys([
     # One warpgroup computes s and the softmax, the other only half of o (s_by_one).
     mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, s_by_one=True),
-    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        head_major=True, s_by_one=True, o_stage=True),
-    mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        head_major=True, s_by_one=True, o_stage=True, early_s=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
 
@@ -273,6 +269,11 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
         mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, head_major=True),
         # The hand-rolled row-max exchange exists only in the head-major loop.
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, xchg_max=True),
+        # s_by_one: head-major only, in one-warpgroup partitions (num_warps 4).
+        mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, gluon=True, producer_warps=4,
+                            s_by_one=True),
+        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
+                            head_major=True, s_by_one=True),
     ],
     ids=repr,
 )

@@ -84,12 +84,11 @@ class SparseMLAConfig:
     # Head-major: the row max crosses the warpgroups through one shared-memory store and
     # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
     xchg_max: bool = False
-    # Head-major, three partitions of one warpgroup each: the first computes s and the
-    # softmax for all 64 rows (q read from shared memory once a tile, no max exchange)
-    # and half of o; the second the other half of o; the third gathers. num_warps 4.
+    # Head-major in three partitions of one warpgroup each: the first computes s and the
+    # softmax for all 64 rows (q read from shared memory once a tile, not once per
+    # warpgroup; no row-max exchange) and half of o, the second the other half of o, the
+    # producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
-    o_stage: bool = False  # EXPERIMENT
-    early_s: bool = False  # EXPERIMENT
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -151,11 +150,11 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "ws_h64": SparseMLAConfig(
         64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
     ),
-    # 64-head blocks head-major (heads as wgmma M): half the barriers a tile; the row
-    # max crosses the warpgroups through one store and one barrier (xchg_max).
+    # 64-head blocks head-major (heads as wgmma M), s and the softmax by one warpgroup,
+    # o split between two (s_by_one): q is read once a tile, and no row max crosses.
     "hm_h64": SparseMLAConfig(
-        64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, head_major=True,
-        xchg_max=True,
+        64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, head_major=True,
+        s_by_one=True,
     ),
 }
 # SM120's SM has about 100 KiB, so each of these runs one program per SM.
@@ -165,6 +164,9 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
     "h32_n32": SparseMLAConfig(32, 32, 8, 2, per_sm=1, idx_ahead=False),
     "h16_n16_fp8": SparseMLAConfig(16, 16, 4, 3, per_sm=1, idx_ahead=False),
 }
+# s_by_one: registers of the warpgroup that only accumulates half of o (128 of them);
+# the first warpgroup gets what the producers and this one leave.
+S_BY_ONE_O_REGS = 192
 # Partial-output elements one merge program reads (splits x columns): 4096 took
 # 32 heads x 1 token from 11.2 to 9.9 us on the H200, other cells within 0.5%.
 MERGE_TILE = 4096
@@ -655,7 +657,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, STAGE: gl.constexpr, EARLY_S: gl.constexpr,
+        DIRECT: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, first warpgroup: q to shared memory; per tile s = q . kvT for all 64
         rows, the softmax (row max and sums within the warpgroup), p and alpha handed to
@@ -669,82 +671,35 @@ if _HAS_GLUON:
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([BLOCK_H, DV // 2], gl.float32, layout=O_LAYOUT)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        if EARLY_S:
-            # q . kvT of tile i + 1 goes out right behind tile i's p . v (one wgmma group
-            # pending while waiting for p . v); on the last tile it reads the current
-            # buffer again and is dropped, so the wait counts stay fixed.
-            mbarrier.wait(full_bars.index(0), 0)
+        for i in range(0, n_tiles):
+            buf = i % NBUF
+            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+            kv_i = kv_smem.index(buf)
+            s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
+            ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
+            ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
+            s = gl_wgmma_wait(0, deps=[s_tok])
+            s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+            acc = acc * alpha_o[:, None]
+            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
+            mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
+            p_smem.store(p.to(p_smem.dtype))
+            alpha_smem.store(alpha_o)
             gl_fence_async_shared()
-            s_tok = gl_wgmma(
-                q_smem, kv_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True
-            )
-            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(0).permute((1, 0)), s_tok, is_async=True)
-            for i in range(0, n_tiles):
-                buf = i % NBUF
-                kv_i = kv_smem.index(buf)
-                ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
-                ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
-                s = gl_wgmma_wait(0, deps=[s_tok])
-                s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + gl.sum(p, 1)
-                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
-                acc = acc * alpha_o[:, None]
-                mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
-                p_smem.store(p.to(p_smem.dtype))
-                alpha_smem.store(alpha_o)
-                gl_fence_async_shared()
-                gl.thread_barrier()  # all of p (and alpha) is stored
-                mbarrier.arrive(p_full)
-                o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
-                more = i + 1 < n_tiles
-                nb = gl.where(more, (i + 1) % NBUF, buf)
-                mbarrier.wait(full_bars.index(nb), ((i + 1) // NBUF) & 1, pred=more)
-                gl_fence_async_shared()
-                kv_n = kv_smem.index(nb)
-                s_tok = gl_wgmma(
-                    q_smem, kv_n.permute((1, 0)), s_zero, use_acc=False, is_async=True
-                )
-                s_tok = gl_wgmma(
-                    qpe_smem, kpe_smem.index(nb).permute((1, 0)), s_tok, is_async=True
-                )
-                acc = gl_wgmma_wait(1, deps=[o_tok])
-                mbarrier.arrive(empty_bars.index(buf))
-                m_i = m_new
-            gl_wgmma_wait(0, deps=[s_tok])  # the dropped one, before q's buffer is reused
-        else:
-            for i in range(0, n_tiles):
-                buf = i % NBUF
-                mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
-                gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
-                kv_i = kv_smem.index(buf)
-                s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-                ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
-                ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
-                s = gl_wgmma_wait(0, deps=[s_tok])
-                s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
-                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + gl.sum(p, 1)
-                alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
-                acc = acc * alpha_o[:, None]
-                # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
-                mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
-                p_smem.store(p.to(p_smem.dtype))
-                alpha_smem.store(alpha_o)
-                gl_fence_async_shared()
-                gl.thread_barrier()  # all of p (and alpha) is stored
-                mbarrier.arrive(p_full)
-                o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
-                acc = gl_wgmma_wait(0, deps=[o_tok])
-                mbarrier.arrive(empty_bars.index(buf))
-                m_i = m_new
+            gl.thread_barrier()  # all of p (and alpha) is stored
+            mbarrier.arrive(p_full)
+            o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            mbarrier.arrive(empty_bars.index(buf))
+            m_i = m_new
         has = l_i > 0.0
         lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
         inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, O_LAYOUT))
@@ -755,7 +710,7 @@ if _HAS_GLUON:
         _sm90_hm1_store(
             acc * inv[:, None], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
             plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            BLOCK_H, DV, O_LAYOUT, S_LAYOUT, DIRECT, True, q_smem.slice(0, DV // 2, 1), STAGE,
+            BLOCK_H, DV, O_LAYOUT, S_LAYOUT, DIRECT, True, q_smem.slice(0, DV // 2, 1),
         )  # fmt: skip
 
     @gluon.jit
@@ -765,7 +720,6 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        STAGE: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, second warpgroup: per tile, once p and alpha are handed over,
         o[:, 256:] = o * alpha + p . v; at the end o scaled by the 1/l handed over."""
@@ -789,7 +743,6 @@ if _HAS_GLUON:
             acc * inv[:, None], inv, DV // 2, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
             po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
             BLOCK_H, DV, O_LAYOUT, S_LAYOUT, DIRECT, False, q_smem.slice(DV // 2, DV // 2, 1),
-            STAGE,
         )  # fmt: skip
 
     @gluon.jit
@@ -798,12 +751,12 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr,
         S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr, WITH_LSE: gl.constexpr,
-        stage_smem, STAGE: gl.constexpr,
+        stage_smem,
     ):  # fmt: skip
         """One warpgroup's half of o (columns c0 ..): in o's dtype through its half of
         q's buffer (free once the last s is computed) into 16-byte runs, or partials
         straight from the MMA layout."""
-        if STAGE and DIRECT:
+        if DIRECT:
             stage_smem.store(out.to(stage_smem.dtype))
             gl.thread_barrier()
             st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
@@ -832,6 +785,47 @@ if _HAS_GLUON:
             if WITH_LSE:
                 row_l = (t * H + offs_hl) * NUM_SPLITS + sp
                 gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+
+    @gluon.jit
+    def _sm90_epilogue(
+        m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
+        o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr, DIRECT: gl.constexpr,
+    ):  # fmt: skip
+        """A program's o scaled by 1/l, and lse, stored (o or split-K partials)."""
+        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
+        # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
+        # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
+        ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
+        if LATE_SUM:  # noqa: SIM108
+            l_i = gl.sum(l_part, ROWS)
+        else:
+            l_i = l_part
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
+        if HEAD_MAJOR:
+            st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
+            out = gl.convert_layout(acc * inv[:, None], st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
+            head_ix = offs_h[:, None]
+            col_ix = offs_c[None, :]
+        else:
+            st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+            out = gl.convert_layout(acc * inv[None, :], st_layout)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
+            offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+            head_ix = offs_h[None, :]
+            col_ix = offs_c[:, None]
+        _sm90_store(
+            out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
+            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+            DV, DIRECT,
+        )  # fmt: skip
 
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
     # wgmma, so the 64 gathered rows are the MMA's M and q and p are B operands the
@@ -889,8 +883,6 @@ if _HAS_GLUON:
         XCHG_MAX: gl.constexpr,
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
-        O_STAGE: gl.constexpr,
-        EARLY_S: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -961,14 +953,14 @@ if _HAS_GLUON:
                              qk_scale, v_scale, q_ptr + t * stride_qt, hb, H, stride_qh, t, sp,
                              NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
                              stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                             S_LAYOUT, DIRECT, O_STAGE, EARLY_S),
+                             S_LAYOUT, DIRECT),
                         ),
                         (
                             _sm90_hm1_o_wg,
                             (q_smem, kv_smem, p_smem, alpha_smem, empty_bars, p_bars.index(0),
                              p_bars.index(1), start, end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
                              po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-                             BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, O_STAGE),
+                             BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT, DIRECT),
                         ),
                         (
                             _sm90_ws_gather,
@@ -1008,37 +1000,11 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        if not S_BY_ONE:  # (those partitions store their own parts)
-            # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
-            # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
-            # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
-            ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
-            if LATE_SUM:  # noqa: SIM108
-                l_i = gl.sum(l_part, ROWS)
-            else:
-                l_i = l_part
-            has = l_i > 0.0
-            lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-            offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
-            inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
-            if HEAD_MAJOR:
-                st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
-                out = gl.convert_layout(acc * inv[:, None], st_layout)
-                offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
-                offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, st_layout))
-                head_ix = offs_h[:, None]
-                col_ix = offs_c[None, :]
-            else:
-                st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-                out = gl.convert_layout(acc * inv[None, :], st_layout)
-                offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, st_layout))
-                offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-                head_ix = offs_h[None, :]
-                col_ix = offs_c[:, None]
-            _sm90_store(
-                out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
+        if not S_BY_ONE:  # (its partitions store their own parts)
+            _sm90_epilogue(
+                m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-                DV, DIRECT,
+                BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, DIRECT,
             )  # fmt: skip
 
     def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
@@ -1093,9 +1059,7 @@ if _HAS_GLUON:
             "HEAD_MAJOR": cfg.head_major,
             "XCHG_MAX": cfg.xchg_max,
             "S_BY_ONE": cfg.s_by_one,
-            "O_REGS": 192,
-            "O_STAGE": cfg.o_stage,
-            "EARLY_S": cfg.early_s,
+            "O_REGS": S_BY_ONE_O_REGS,
         }
 
 
