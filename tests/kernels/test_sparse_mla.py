@@ -244,6 +244,18 @@ GLUON_CFGS = list(dict.fromkeys([
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("t,h", [(8, 64), (12, 128)])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_launch_choice_fp16_many_heads(t: int, h: int, num_splits: int) -> None:
+    # The 64-head launch choice in fp16 (on SM90 s_by_one: o staged through q's buffer in
+    # q's dtype, or fp32 partials), with holes and an empty tail.
+    q, kv, idx = make_inputs(t, h, 512, dtype=torch.float16, num_blocks=16)
+    idx[1, 64:100] = -1
+    idx[0, 256:] = -1
+    run_checked(q, kv, idx, 0.05, tol=3e-3, num_splits=num_splits)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cfg", GLUON_CFGS, ids=repr)
 @pytest.mark.parametrize(
     "t,h,topk,num_splits",
