@@ -344,11 +344,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
         "t_h16n16": (cfg(16, 16, 4, 4, pdl=True), few),
-        # Experiment (2026-12-03, fourth session): the lone token's build, 1 tile a program.
-        "t_h16n16_s2": (cfg(16, 16, 4, 2, pdl=True), few),
-        "t_h16n16_s3": (cfg(16, 16, 4, 3, pdl=True), few),
-        "t_h16n16_noa": (cfg(16, 16, 4, 4, pdl=True, idx_ahead=False), few),
-        "t_h16n16_w2": (cfg(16, 16, 2, 4, pdl=True), few),
         "t_h32n64": (cfg(32, 64, 8, 3, per_sm=1), mid),
         "t_h64n64": (cfg(64, 64, 8, 2, per_sm=1, idx_ahead=False), many),
         "t_h16n64": (cfg(16, 64, 8, 2), many),
