@@ -548,6 +548,24 @@ if _HAS_GLUON:
         return m_i, l_part, acc
 
     @gluon.jit
+    def _sm90_hm_scores(
+        q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end, qk_scale,
+        s_zero, cols_s, BLOCK_N: gl.constexpr, NBUF: gl.constexpr, S_LAYOUT: gl.constexpr,
+    ):  # fmt: skip
+        """Head-major: wait for tile i from the producers, s = q . kvT [BLOCK_H, BLOCK_N]
+        scaled (base 2), the tile's empty slots and the rows past the split at -inf."""
+        buf = i % NBUF
+        mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+        gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+        kv_t = kv_smem.index(buf).permute((1, 0))
+        s_tok = gl_wgmma(q_smem, kv_t, s_zero, use_acc=False, is_async=True)
+        s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
+        ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
+        ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
+        s = gl_wgmma_wait(0, deps=[s_tok])
+        return gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+
+    @gluon.jit
     def _sm90_ws_loop_hm(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
         red_smem, start, end, qk_scale,
@@ -566,15 +584,11 @@ if _HAS_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         for i in range(0, n_tiles):
             buf = i % NBUF
-            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
-            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
-            s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-            ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
-            ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
-            s = gl_wgmma_wait(0, deps=[s_tok])
-            s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+            s = _sm90_hm_scores(
+                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
+                qk_scale, s_zero, cols_s, BLOCK_N, NBUF, S_LAYOUT,
+            )  # fmt: skip
             if XCHG_MAX:
                 # Each warpgroup's max over its half of the rows (within a quad), stored;
                 # one barrier; both halves read back in s's row layout. The p barrier
@@ -631,23 +645,26 @@ if _HAS_GLUON:
     def _sm90_store(
         out, lse2, head_ix, col_ix, mask_o, offs_hl, t, sp, H, NUM_SPLITS,
         o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-        DV: gl.constexpr, DIRECT: gl.constexpr,
+        DV: gl.constexpr, DIRECT: gl.constexpr, WITH_LSE: gl.constexpr,
     ):  # fmt: skip
-        """Store a program's o (or split-K partial o) and lse. head_ix / col_ix index
-        out's elements by head and column (broadcast to out's shape); lse2 is base 2."""
+        """Store a program's o (or split-K partial o) and, WITH_LSE, its lse. head_ix /
+        col_ix index out's elements by head and column (broadcast to out's shape); lse2
+        is base 2."""
         if DIRECT:
             o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
             gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_o)
-            gl.store(
-                lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                lse2 * 0.6931471805599453,
-                mask=offs_hl < H,
-            )
+            if WITH_LSE:
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
+                    lse2 * 0.6931471805599453,
+                    mask=offs_hl < H,
+                )
         else:
             row = (t * H + head_ix) * NUM_SPLITS + sp
             gl.store(po_ptr + row * DV + col_ix, out.to(po_ptr.dtype.element_ty), mask=mask_o)
-            row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-            gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+            if WITH_LSE:
+                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
+                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
 
     @gluon.jit
     def _sm90_hm1_s_wg(
@@ -673,15 +690,11 @@ if _HAS_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S_LAYOUT)
         for i in range(0, n_tiles):
             buf = i % NBUF
-            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
-            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
-            s_tok = gl_wgmma(q_smem, kv_i.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_tok = gl_wgmma(qpe_smem, kpe_smem.index(buf).permute((1, 0)), s_tok, is_async=True)
-            ss = slot_smem.index(buf).load(gl.SliceLayout(0, S_LAYOUT))
-            ss = gl.where(start + i * BLOCK_N + cols_s < end, ss, -1)
-            s = gl_wgmma_wait(0, deps=[s_tok])
-            s = gl.where((ss >= 0)[None, :], s * qk_scale, float("-inf"))
+            s = _sm90_hm_scores(
+                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
+                qk_scale, s_zero, cols_s, BLOCK_N, NBUF, S_LAYOUT,
+            )  # fmt: skip
             m_new = gl.maximum(m_i, gl.max(s, 1))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)
@@ -767,24 +780,12 @@ if _HAS_GLUON:
             offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, O_LAYOUT))
             offs_c = c0 + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, O_LAYOUT))
         head_ix = offs_h[:, None]
-        col_ix = offs_c[None, :]
-        mask_o = head_ix < H
         offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, S_LAYOUT))
-        if DIRECT:
-            o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
-            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_o)
-            if WITH_LSE:
-                gl.store(
-                    lse_ptr + t * stride_lt + offs_hl * stride_lh,
-                    lse2 * 0.6931471805599453,
-                    mask=offs_hl < H,
-                )
-        else:
-            row = (t * H + head_ix) * NUM_SPLITS + sp
-            gl.store(po_ptr + row * DV + col_ix, out.to(po_ptr.dtype.element_ty), mask=mask_o)
-            if WITH_LSE:
-                row_l = (t * H + offs_hl) * NUM_SPLITS + sp
-                gl.store(plse_ptr + row_l, lse2, mask=offs_hl < H)
+        _sm90_store(
+            out, lse2, head_ix, offs_c[None, :], head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
+            o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+            DV, DIRECT, WITH_LSE,
+        )  # fmt: skip
 
     @gluon.jit
     def _sm90_epilogue(
@@ -824,7 +825,7 @@ if _HAS_GLUON:
         _sm90_store(
             out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
             o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-            DV, DIRECT,
+            DV, DIRECT, True,
         )  # fmt: skip
 
     # SM90 split kernel in Gluon. KV-major: sT = kv . qT and oT += kvT . pT on
