@@ -48,9 +48,14 @@ def l2_bytes(dev: object) -> int:
     return int(getattr(dev, "L2_cache_size", 0) or 60e6)
 
 
+def gathered_bytes(tokens: int) -> int:
+    """KV bytes one call gathers (top-k rows of 576 bf16 a query token)."""
+    return tokens * TOPK * 576 * 2
+
+
 def index_sets(tokens: int, l2: int) -> int:
     """Index sets a cell replays so that one replay gathers >= 3x the L2 (cold L2)."""
-    return max(2, math.ceil(3 * l2 / (tokens * TOPK * 576 * 2)))
+    return max(2, math.ceil(3 * l2 / gathered_bytes(tokens)))
 
 
 # ----------------------------------------------------------------------------- peers
@@ -508,7 +513,7 @@ def run(args: argparse.Namespace) -> int:
                 except Exception as exc:  # noqa: BLE001 - keep the table; counted as a failure
                     print(f"  {name} h{h} b{b} timing: {type(exc).__name__}: {str(exc)[:300]}")
                     failures += 1
-            nbytes = b * TOPK * 576 * 2 + b * h * (576 + 512) * 2  # gathered KV, q and out
+            nbytes = gathered_bytes(b) + b * h * (576 + 512) * 2  # + q and out
             flops = 2 * b * h * TOPK * (576 + 512)
             row["floor"] = max(nbytes / bw, flops / mm)
             results[(h, b)] = row
