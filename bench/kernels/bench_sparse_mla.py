@@ -370,11 +370,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
         # The launch-time choice before s_by_one: head-major, row max exchanged by hand.
         "hm_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),
-        # A token's two splits as a 2-CTA cluster merged through distributed shared
-        # memory (cluster_merge; with any other split count the merge kernel runs).
-        "ws_h8_cm": (g(8, 8, dup_s=True, producer_warps=4, cluster_merge=True), lambda h: h <= 8),
-        "ws_h16_cm": (g(16, 8, producer_warps=4, cluster_merge=True), few),
-        "ws_h32_cm": (g(32, 8, producer_warps=4, cluster_merge=True), mid),
     }
 
 

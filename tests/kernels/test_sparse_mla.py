@@ -239,40 +239,8 @@ GLUON_CFGS = list(dict.fromkeys([
     # One warpgroup computes s and the softmax, the other only half of o (s_by_one).
     mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, s_by_one=True),
-    # A token's two splits as a 2-CTA cluster, merged through distributed shared memory.
-    mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
-                        cluster_merge=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
-
-CLUSTER_CFGS = [
-    mod.SparseMLAConfig(8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True,
-                        producer_warps=4, cluster_merge=True),
-    mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        cluster_merge=True),
-    mod.SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        cluster_merge=True),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cfg", CLUSTER_CFGS, ids=repr)
-@pytest.mark.parametrize("topk", [2048, 448])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_cluster_merge(cfg: object, topk: int, dtype: torch.dtype) -> None:
-    # Two splits merged in the split kernel: token 0's second split has no valid slot,
-    # token 2 none at all (o = 0, lse = -inf), token 1 holes; heads below the block's.
-    h = max(8, cfg.block_h - 4)
-    q, kv, idx = make_inputs(5, h, topk, dtype=dtype, num_blocks=max(8, 2 * topk // 64))
-    idx[0, topk // 2 :] = -1
-    idx[1, 64:100] = -1
-    idx[2, :] = -1
-    if torch.cuda.get_device_capability()[0] != 9:
-        with pytest.raises(ValueError, match="SM90"):
-            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
-        return
-    tol = 3e-3 if dtype == torch.float16 else 1e-2
-    run_checked(q, kv, idx, 0.05, tol=tol, config=cfg, num_splits=2)
 
 
 @pytest.mark.gpu
@@ -318,12 +286,6 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
                             s_by_one=True),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                             head_major=True, s_by_one=True),
-        # cluster_merge: KV-major with producer warps, 8 MMA warps, up to 32 heads.
-        mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, cluster_merge=True),
-        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
-                            cluster_merge=True),
-        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
-                            head_major=True, cluster_merge=True),
     ],
     ids=repr,
 )

@@ -89,10 +89,6 @@ class SparseMLAConfig:
     # warpgroup; no row-max exchange) and half of o, the second the other half of o, the
     # producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
-    # KV-major with producer warps, one head block, exactly two splits: the two programs
-    # of a token run as a 2-CTA cluster and combine their halves of o through
-    # distributed shared memory (no partials in global memory, no merge kernel).
-    cluster_merge: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -483,15 +479,13 @@ if _HAS_GLUON:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr, CLUSTER2: gl.constexpr = False,
+        P_WARPS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps: copy tile i's slots and gather its rows into buffer i % NBUF
         as soon as the MMA warps release it, and let its full barrier complete when this
         thread's copies land (cp.async.mbarrier.arrive.noinc: the barrier counts the
         producer threads). The slots travel in shared memory so that the MMA warps have
         no global load in flight at their fences (fence.proxy.async is a MEMBAR)."""
-        if CLUSTER2:  # every thread of the cluster arrives once (the MMA warps did)
-            _sm90_per_thread(_CLUSTER_ARRIVE_ASM, P_WARPS)
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
@@ -646,137 +640,6 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
         return m_i, l_part, acc
-
-    # cluster_merge: the exchange buffer is static shared memory declared in inline PTX,
-    # since PTX cannot name the address of a Gluon allocation. Layout: the mbarrier the
-    # partner's 256 MMA threads arrive on (bytes 0-7), the partner's lse (from 16, up to
-    # 32 heads), the partner's half of o (from _XCHG_DATA: [256 columns, BLOCK_H] fp32).
-    # Its size is a multiple of 1 KiB: the dynamic shared memory (Triton's) follows it,
-    # and the 128-byte swizzle of the wgmma tiles assumes 1 KiB-aligned buffers.
-    _XCHG_DATA_BYTES = 16 + 4 * 32
-    _XCHG_BYTES = -(-(_XCHG_DATA_BYTES + 256 * 32 * 4) // 1024) * 1024
-    _XCHG_DATA: gl.constexpr = gl.constexpr(_XCHG_DATA_BYTES)
-    _XCHG_INIT_ASM: gl.constexpr = gl.constexpr(
-        f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\n"
-        "{ .reg .pred p; .reg .u32 a;\n"
-        " setp.eq.u32 p, $1, 0;\n"
-        " mov.u32 a, sparse_mla_xchg;\n"
-        " @p mbarrier.init.shared::cta.b64 [a], 256;\n"
-        " @p fence.mbarrier_init.release.cluster;\n"
-        " barrier.cluster.arrive.release;\n"
-        " mov.u32 $0, 0; }"
-    )
-    _CLUSTER_ARRIVE_ASM: gl.constexpr = gl.constexpr(
-        "barrier.cluster.arrive.release; mov.u32 $0, 0;"
-    )
-    _CLUSTER_WAIT_ASM: gl.constexpr = gl.constexpr(
-        "barrier.cluster.wait.acquire; mov.u32 $0, 0;"
-    )
-    # $1 value, $2 byte offset in the partner's buffer, $3 send or not.
-    _XCHG_PUT_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .pred p; .reg .u32 a, r;\n"
-        " setp.ne.s32 p, $3, 0;\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2;\n"
-        " mapa.shared::cluster.u32 a, a, r;\n"
-        " @p st.shared::cluster.f32 [a], $1;\n"
-        " mov.u32 $0, 0; }"
-    )
-    # Each MMA thread arrives once on the partner's barrier, after its stores (release).
-    _XCHG_SIGNAL_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .u32 a, r;\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
-        " mov.u32 a, sparse_mla_xchg;\n"
-        " mapa.shared::cluster.u32 a, a, r;\n"
-        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n"
-        " mov.u32 $0, 0; }"
-    )
-    _XCHG_WAIT_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .pred done; .reg .u32 a;\n"
-        " mov.u32 a, sparse_mla_xchg;\n"
-        " xchgWait:\n"
-        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [a], 0;\n"
-        " @!done bra xchgWait;\n"
-        " mov.u32 $0, 0; }"
-    )
-    # $1 byte offset in this CTA's buffer, $2 load or not (else 0).
-    _XCHG_GET_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .pred p; .reg .u32 a;\n"
-        " setp.ne.s32 p, $2, 0;\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $1;\n"
-        " mov.b32 $0, 0;\n"
-        " @p ld.shared.f32 $0, [a]; }"
-    )
-
-    @gluon.jit
-    def _sm90_per_thread(asm: gl.constexpr, NUM_WARPS: gl.constexpr):
-        """Run an inline-PTX statement once in every thread of NUM_WARPS warps."""
-        tid = gl.arange(0, NUM_WARPS * 32, layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0]))
-        return gl.inline_asm_elementwise(
-            asm, "=r,r", [tid], dtype=gl.int32, is_pure=False, pack=1
-        )
-
-    @gluon.jit
-    def _sm90_cluster_epilogue(
-        m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
-        stride_ot, stride_oh, stride_lt, stride_lh,
-        BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
-        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-    ):  # fmt: skip
-        """cluster_merge: split sp of a token keeps columns [sp * DV/2, (sp + 1) * DV/2) of
-        o. It sends the other half of its normalised partial o and its lse to the partner
-        CTA's shared memory, waits for the partner's, merges and stores its half."""
-        l_i = gl.sum(l_part, 0)  # KV-major below 64 heads: row sums kept per row
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, O_LAYOUT))
-        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-        out = gl.convert_layout(acc * inv[None, :], st_layout)
-        h_l: gl.constexpr = gl.SliceLayout(0, st_layout)
-        offs_h = gl.arange(0, BLOCK_H, layout=h_l)
-        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
-        HALF: gl.constexpr = DV // 2
-        mine = (offs_c // HALF) == sp
-        both = gl.full([DV, BLOCK_H], 1, gl.int32, layout=st_layout)
-        mine2 = (mine[:, None] & (offs_h < BLOCK_H)[None, :]).to(gl.int32)
-        off2 = _XCHG_DATA + ((offs_c % HALF)[:, None] * BLOCK_H + offs_h[None, :]) * 4
-        lse_me = gl.convert_layout(lse2, h_l)
-        off_l = 16 + offs_h * 4
-        ones_h = gl.full([BLOCK_H], 1, gl.int32, layout=h_l)
-        # The partner's barrier is initialised (it arrived on the cluster barrier after).
-        _sm90_per_thread(_CLUSTER_WAIT_ASM, NUM_WARPS)
-        gl.inline_asm_elementwise(
-            _XCHG_PUT_ASM, "=r,f,r,r", [out, off2, both - mine2], dtype=gl.int32,
-            is_pure=False, pack=1,
-        )  # fmt: skip
-        gl.inline_asm_elementwise(
-            _XCHG_PUT_ASM, "=r,f,r,r", [lse_me, off_l, ones_h], dtype=gl.int32,
-            is_pure=False, pack=1,
-        )  # fmt: skip
-        _sm90_per_thread(_XCHG_SIGNAL_ASM, NUM_WARPS)
-        _sm90_per_thread(_XCHG_WAIT_ASM, NUM_WARPS)
-        o_other = gl.inline_asm_elementwise(
-            _XCHG_GET_ASM, "=f,r,r", [off2, mine2], dtype=gl.float32, is_pure=False, pack=1
-        )
-        lse_other = gl.inline_asm_elementwise(
-            _XCHG_GET_ASM, "=f,r,r", [off_l, ones_h], dtype=gl.float32, is_pure=False, pack=1
-        )
-        m = gl.maximum(lse_me, lse_other)
-        m_use = gl.where(m == float("-inf"), 0.0, m)
-        w_me = gl.exp2(lse_me - m_use)
-        w_other = gl.exp2(lse_other - m_use)
-        den = w_me + w_other
-        inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
-        o = (out * (w_me * inv_den)[None, :]) + (o_other * (w_other * inv_den)[None, :])
-        heads_ok = offs_h < H
-        o_ptrs = o_ptr + t * stride_ot + offs_h[None, :] * stride_oh + offs_c[:, None]
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mine[:, None] & heads_ok[None, :])
-        lse_tot = m_use + gl.log2(gl.where(den > 0.0, den, 1.0))
-        lse_nat = gl.where(den > 0.0, lse_tot, float("-inf"))
-        gl.store(
-            lse_ptr + t * stride_lt + offs_h * stride_lh, lse_nat * 0.6931471805599453,
-            mask=heads_ok & (sp == 0),
-        )
 
     @gluon.jit
     def _sm90_store(
@@ -1021,7 +884,6 @@ if _HAS_GLUON:
         XCHG_MAX: gl.constexpr,
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
-        CLUSTER2: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -1045,8 +907,6 @@ if _HAS_GLUON:
         rest = pid // NUM_HBLK
         sp = rest % NUM_SPLITS
         t = (rest // NUM_SPLITS).to(gl.int64)
-        if CLUSTER2:  # the exchange buffer's barrier, then this thread's cluster arrive
-            _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
 
         # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
         # With producer warps the MMA warps load it, so the first gathers go out at once.
@@ -1127,7 +987,7 @@ if _HAS_GLUON:
                             _sm90_ws_gather,
                             (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
                              start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                             P_WARPS, CLUSTER2),
+                             P_WARPS),
                         ),
                     ],
                     [P_WARPS],
@@ -1141,22 +1001,14 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        if CLUSTER2:
-            _sm90_cluster_epilogue(
-                m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
-                stride_ot, stride_oh, stride_lt, stride_lh,
-                BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT,
-            )  # fmt: skip
-        elif not S_BY_ONE:  # (its partitions store their own parts)
+        if not S_BY_ONE:  # (its partitions store their own parts)
             _sm90_epilogue(
                 m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
                 BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, DIRECT,
             )  # fmt: skip
 
-    def _sm90_constexprs(
-        cfg: SparseMLAConfig, direct: bool, pdl: bool, cluster: bool = False
-    ) -> dict[str, object]:
+    def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
         included (one definition for every tile loop and the epilogue)."""
         wg = cfg.num_warps // 4
@@ -1209,7 +1061,6 @@ if _HAS_GLUON:
             "XCHG_MAX": cfg.xchg_max,
             "S_BY_ONE": cfg.s_by_one,
             "O_REGS": S_BY_ONE_O_REGS,
-            "CLUSTER2": cluster,
         }
 
 
@@ -1478,10 +1329,8 @@ def _launch(
     split_len = triton.cdiv(triton.cdiv(topk, num_splits), cfg.block_n) * cfg.block_n
     num_splits = triton.cdiv(topk, split_len)
     direct = num_splits == 1
-    # cluster_merge: the two splits of a token combine in the split kernel (2-CTA cluster).
-    cluster = cfg.cluster_merge and num_splits == 2 and num_hblk == 1
 
-    if direct or cluster:
+    if direct:
         po = plse = lse  # unused placeholders
     else:
         need = workspace_numel(num_tokens, num_heads, num_splits)
@@ -1497,7 +1346,7 @@ def _launch(
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    pdl = not direct and not cluster and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
+    pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
     if cfg.gluon:  # a config with no build is refused on any machine
         if (
@@ -1507,18 +1356,13 @@ def _launch(
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
             or (cfg.s_by_one and (not cfg.head_major or cfg.num_warps != 4 or cfg.xchg_max))
-            or (
-                cfg.cluster_merge
-                and (cfg.head_major or not cfg.producer_warps or cfg.num_warps != 8
-                     or cfg.block_h > 32)
-            )
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        args = (
+        build = _sparse_mla_split_kernel_sm90[grid](
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
@@ -1527,17 +1371,8 @@ def _launch(
             indices.stride(0),
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
+            **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
-        kw = dict(_sm90_constexprs(cfg, direct, pdl, cluster), num_warps=cfg.num_warps)
-        if cluster:
-            # Triton launches num_ctas CTAs a program as one cluster; the kernel is
-            # written per CTA (compiled with num_ctas 1), so ask for clusters of two
-            # at launch: CTAs 2k and 2k + 1 are a token's two splits.
-            grid = (num_tokens,)
-            k = _sparse_mla_split_kernel_sm90.warmup(*args, grid=grid, **kw)
-            if k.packed_metadata[1] != 2:  # (warps, CTAs a cluster, dynamic shared memory)
-                k.packed_metadata = (k.packed_metadata[0], 2, k.packed_metadata[2])
-        build = _sparse_mla_split_kernel_sm90[grid](*args, **kw)
     else:
         build = _sparse_mla_split_kernel[grid](
             q, kv_cache, indices, out, lse, po, plse,
@@ -1554,7 +1389,7 @@ def _launch(
             DOT_F32=interpret,
             **cfg.launch_options(),
         )  # fmt: skip
-    if not direct and not cluster:
+    if not direct:
         block_s = triton.next_power_of_2(num_splits)
         block_d = min(D_LATENT, max(32, MERGE_TILE // block_s))
         _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
