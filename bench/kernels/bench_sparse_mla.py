@@ -360,8 +360,8 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "g_h32": (g(32, 8), mid),
         "g_h64_late": (g(64, 8, late_issue=True), many),
         "g_h64_early": (g(64, 8), many),
-        # Producer warps (warp-specialised): two KV buffers at 8 heads (b2); row sums
-        # reduced every tile at 64 heads (rs).
+        # Producer warps (warp-specialised): two KV buffers at 8 heads (b2, the merge
+        # kernel at two splits); row sums reduced every tile at 64 heads (rs).
         "ws_h8_b2": (g(8, 8, dup_s=True, producer_warps=4), lambda h: h <= 8),
         "ws_h64_rs": (g(64, 8, producer_warps=4), many),
         # 64-head blocks with producer warps: KV-major (ws_h64) and head-major (hm_h64,
@@ -370,6 +370,10 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "hm_h64": (g(64, 8, producer_warps=4, head_major=True), lambda h: h >= 16),
         # The launch-time choice before s_by_one: head-major, row max exchanged by hand.
         "hm_xm": (g(64, 8, producer_warps=4, head_major=True, xchg_max=True), many),
+        # The launch-time choices before cluster_merge: two splits merged by the merge
+        # kernel (at 8 heads that is ws_h8_b2).
+        "ws_h16_mk": (g(16, 8, producer_warps=4), few),
+        "ws_h32_mk": (g(32, 8, producer_warps=4), mid),
     }
 
 

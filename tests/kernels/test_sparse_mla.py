@@ -239,8 +239,59 @@ GLUON_CFGS = list(dict.fromkeys([
     # One warpgroup computes s and the softmax, the other only half of o (s_by_one).
     mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
                         head_major=True, s_by_one=True),
+    # A token's two splits as a 2-CTA cluster, merged through distributed shared memory.
+    mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
+                        cluster_merge=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
 ]))
+
+# The launch-time choices at 8, 16 and 32 heads from 32 tokens.
+CLUSTER_CFGS = [mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CLUSTER_CFGS, ids=repr)
+@pytest.mark.parametrize("topk", [2048, 448])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cluster_merge(cfg: object, topk: int, dtype: torch.dtype) -> None:
+    # Two splits merged in the split kernel: token 0's second split has no valid slot,
+    # token 2 none at all (o = 0, lse = -inf), token 1 holes; heads below the block's.
+    h = max(8, cfg.block_h - 4)
+    q, kv, idx = make_inputs(5, h, topk, dtype=dtype, num_blocks=max(8, 2 * topk // 64))
+    idx[0, topk // 2 :] = -1
+    idx[1, 64:100] = -1
+    idx[2, :] = -1
+    if torch.cuda.get_device_capability()[0] != 9:
+        with pytest.raises(ValueError, match="SM90"):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
+        return
+    tol = 3e-3 if dtype == torch.float16 else 1e-2
+    run_checked(q, kv, idx, 0.05, tol=tol, config=cfg, num_splits=2)
+
+
+@pytest.mark.gpu
+def test_cluster_merge_without_cluster_launch_uses_the_merge_kernel(monkeypatch) -> None:
+    # A Triton whose compiled kernels lack the launch metadata: same results, merge kernel.
+    monkeypatch.setattr(mod, "_launch_in_pairs", lambda *a: False)
+    q, kv, idx = make_inputs(3, 16, 2048, num_blocks=64)
+    idx[1, 64:100] = -1
+    if torch.cuda.get_device_capability()[0] != 9:  # SM90 only: refused elsewhere
+        with pytest.raises(ValueError, match="SM90"):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=mod._CONFIGS_BIG["ws_h16"])
+        return
+    run_checked(q, kv, idx, 0.05, config=mod._CONFIGS_BIG["ws_h16"], num_splits=2)
+
+
+@pytest.mark.parametrize("h", [8, 16, 32])
+def test_sm90_batch64_merges_in_clusters(h: int) -> None:
+    # 64 tokens of 8-32 heads on 132 SMs: one head block, two splits, cluster_merge.
+    info = mod.DeviceInfo(num_sms=132, smem_bytes=232448, major=9)
+    cfg = mod.candidate_configs(64, h, info)[0]
+    if not mod._HAS_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    assert cfg.cluster_merge and math.ceil(h / cfg.block_h) == 1
+    assert mod.pick_num_splits(64, 1, 2048, cfg.block_n, 132, cfg.per_sm) == 2
+    assert cfg.smem_estimate() <= info.smem_bytes
 
 
 @pytest.mark.gpu
@@ -286,6 +337,12 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
                             s_by_one=True),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                             head_major=True, s_by_one=True),
+        # cluster_merge: KV-major with producer warps, 8 MMA warps, up to 32 heads.
+        mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, cluster_merge=True),
+        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
+                            cluster_merge=True),
+        mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
+                            head_major=True, cluster_merge=True),
     ],
     ids=repr,
 )

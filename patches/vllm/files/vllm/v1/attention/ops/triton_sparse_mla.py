@@ -6,13 +6,15 @@ Each query token attends to its own top-k KV slots of the MLA latent cache
 a token share those rows, so one program gathers a tile of KV rows once and
 feeds it to the tensor cores for a block of heads (heads are the M dimension).
 The top-k range is split across programs (split-K) when T * H alone cannot
-fill the GPU; a second small kernel merges the splits through their lse.
+fill the GPU; a second small kernel merges the splits through their lse (on SM90,
+two splits of 8-32 heads merge in the split kernel instead, as a 2-CTA cluster).
 
 This module imports only torch and triton so it runs without vLLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -53,6 +55,10 @@ D_ROPE = 64
 D_QK = D_LATENT + D_ROPE
 # SM120 (RTX PRO 6000 Blackwell) and SM8x allow 99 KiB of shared memory a block.
 SMALL_SMEM_BYTES = 101376
+# cluster_merge's exchange buffer (static shared memory; its layout is in the kernel):
+# barrier and lse, then half of o for up to 32 heads, in whole KiB.
+_XCHG_DATA_BYTES = 16 + 4 * 32
+_XCHG_BYTES = -(-(_XCHG_DATA_BYTES + 32 * (D_LATENT // 2) * 4) // 1024) * 1024
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,10 @@ class SparseMLAConfig:
     # warpgroup; no row-max exchange) and half of o, the second the other half of o, the
     # producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
+    # KV-major with producer warps, one head block, exactly two splits: the two programs
+    # of a token run as a 2-CTA cluster and combine their halves of o through
+    # distributed shared memory (no partials in global memory, no merge kernel).
+    cluster_merge: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -109,6 +119,7 @@ class SparseMLAConfig:
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
             red = 8 * self.block_h if self.xchg_max else 0  # each warpgroup's row max
             red += 4 * self.block_h + 64 if self.s_by_one else 0  # alpha, 4 barriers
+            red += _XCHG_BYTES if self.cluster_merge else 0
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
@@ -139,14 +150,21 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
     # The same with producer warps of their own (warp specialisation): from 32 tokens
     # (from 8 at 64+ heads); up to 8 heads a third buffer fits, which pays in prefill.
+    # With exactly two splits (about 45-66 tokens) these run as 2-CTA clusters that
+    # merge through distributed shared memory (cluster_merge), else the merge kernel.
     "ws_h8": SparseMLAConfig(
-        8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
+        8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
+        cluster_merge=True,
     ),
     "ws_h8_b3": SparseMLAConfig(
         8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
     ),
-    "ws_h16": SparseMLAConfig(16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4),
-    "ws_h32": SparseMLAConfig(32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4),
+    "ws_h16": SparseMLAConfig(
+        16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, cluster_merge=True
+    ),
+    "ws_h32": SparseMLAConfig(
+        32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, cluster_merge=True
+    ),
     "ws_h64": SparseMLAConfig(
         64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
     ),
@@ -479,13 +497,15 @@ if _HAS_GLUON:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, CLUSTER2: gl.constexpr = False,
     ):  # fmt: skip
         """Producer warps: copy tile i's slots and gather its rows into buffer i % NBUF
         as soon as the MMA warps release it, and let its full barrier complete when this
         thread's copies land (cp.async.mbarrier.arrive.noinc: the barrier counts the
         producer threads). The slots travel in shared memory so that the MMA warps have
         no global load in flight at their fences (fence.proxy.async is a MEMBAR)."""
+        if CLUSTER2:  # every thread of the cluster arrives once (the MMA warps did)
+            _sm90_per_thread(_CLUSTER_ARRIVE_ASM, P_WARPS)
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
         r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
         cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
@@ -640,6 +660,158 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
         return m_i, l_part, acc
+
+    # cluster_merge: a token's two splits run as a 2-CTA cluster and merge through
+    # distributed shared memory. Gluon has no cluster operations, so this is inline PTX.
+    # The exchange buffer is static shared memory declared in the kernel's first inline
+    # asm (PTX cannot name a Gluon allocation's address). Layout: the mbarrier the
+    # partner's 256 MMA threads arrive on (bytes 0-7), the partner's lse (from 16, up to
+    # 32 heads), then its half of o, head-major ([BLOCK_H, 256] fp32). The size is a whole
+    # number of KiB: Triton's dynamic shared memory follows it, and the wgmma tiles'
+    # 128-byte swizzle needs 1 KiB-aligned buffers (every result was wrong without).
+    _XCHG_DATA: gl.constexpr = gl.constexpr(_XCHG_DATA_BYTES)
+    # Once a thread, MMA warps before the loop: declare the buffer, thread 0 initialises
+    # the barrier, every thread arrives on the cluster barrier (waited before sending).
+    _XCHG_INIT_ASM: gl.constexpr = gl.constexpr(
+        f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\n"
+        "{ .reg .pred p; .reg .u32 a;\n"
+        " setp.eq.u32 p, $1, 0;\n"
+        " mov.u32 a, sparse_mla_xchg;\n"
+        " @p mbarrier.init.shared::cta.b64 [a], 256;\n"
+        " @p fence.mbarrier_init.release.cluster;\n"
+        " barrier.cluster.arrive.release;\n"
+        " mov.u32 $0, 0; }"
+    )
+    # The producer warps' share of the cluster barrier (every thread of the cluster).
+    _CLUSTER_ARRIVE_ASM: gl.constexpr = gl.constexpr(
+        "barrier.cluster.arrive.release; mov.u32 $0, 0;"
+    )
+    _CLUSTER_WAIT_ASM: gl.constexpr = gl.constexpr(
+        "barrier.cluster.wait.acquire; mov.u32 $0, 0;"
+    )
+    # pack 4: $4-$7 four consecutive values, $8 the first's byte offset in the partner's
+    # buffer (16-byte aligned), $12 send or not: one 16-byte remote store. 4-byte remote
+    # stores cost ~0.25 us each a thread (notes, variant 53).
+    _XCHG_PUT4_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a, r;\n"
+        " setp.ne.s32 p, $12, 0;\n"
+        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8;\n"
+        " mapa.shared::cluster.u32 a, a, r;\n"
+        " @p st.shared::cluster.v4.f32 [a], {$4, $5, $6, $7};\n"
+        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
+    )
+    # $1 value, $2 byte offset in the partner's buffer (the lse).
+    _XCHG_PUT_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a, r;\n"
+        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2;\n"
+        " mapa.shared::cluster.u32 a, a, r;\n"
+        " st.shared::cluster.f32 [a], $1;\n"
+        " mov.u32 $0, 0; }"
+    )
+    # Each MMA thread arrives once on the partner's barrier, after its stores (release).
+    _XCHG_SIGNAL_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a, r;\n"
+        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
+        " mov.u32 a, sparse_mla_xchg;\n"
+        " mapa.shared::cluster.u32 a, a, r;\n"
+        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n"
+        " mov.u32 $0, 0; }"
+    )
+    # ... and waits on its own until the partner's 256 have arrived (acquire).
+    _XCHG_WAIT_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred done; .reg .u32 a;\n"
+        " mov.u32 a, sparse_mla_xchg;\n"
+        " xchgWait:\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [a], 0;\n"
+        " @!done bra xchgWait;\n"
+        " mov.u32 $0, 0; }"
+    )
+    # pack 4: $4 the first's byte offset in this CTA's buffer, $8 load or not (else 0).
+    _XCHG_GET4_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a;\n"
+        " setp.ne.s32 p, $8, 0;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $4;\n"
+        " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;\n"
+        " @p ld.shared.v4.f32 {$0, $1, $2, $3}, [a]; }"
+    )
+    # $1 byte offset in this CTA's buffer (the lse).
+    _XCHG_GET_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $1;\n"
+        " ld.shared.f32 $0, [a]; }"
+    )
+
+    @gluon.jit
+    def _sm90_per_thread(asm: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """Run an inline-PTX statement once in every thread of NUM_WARPS warps."""
+        tid = gl.arange(0, NUM_WARPS * 32, layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0]))
+        return gl.inline_asm_elementwise(
+            asm, "=r,r", [tid], dtype=gl.int32, is_pure=False, pack=1
+        )
+
+    @gluon.jit
+    def _sm90_cluster_epilogue(
+        m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
+    ):  # fmt: skip
+        """cluster_merge (KV-major, up to 32 heads): split sp of a token keeps columns
+        [sp * DV/2, (sp + 1) * DV/2) of o. It sends the other half of its normalised
+        partial o and its lse into the partner CTA's shared memory, waits for the
+        partner's, merges its half through the two lse and stores it (lse from split 0)."""
+        l_i = gl.sum(l_part, 0)  # below 64 heads the row sums are kept per row
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, O_LAYOUT))
+        # oT in 4-column runs a thread, as _sm90_epilogue stores it.
+        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
+        out = gl.convert_layout(acc * inv[None, :], st_layout)
+        h_l: gl.constexpr = gl.SliceLayout(0, st_layout)
+        offs_h = gl.arange(0, BLOCK_H, layout=h_l)
+        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
+        HALF: gl.constexpr = DV // 2
+        mine = (offs_c // HALF) == sp
+        keep = gl.where(mine[:, None], 1, 0) + gl.zeros([DV, BLOCK_H], gl.int32, st_layout)
+        # Head-major, so a thread's 4 consecutive columns are one 16-byte run.
+        off = _XCHG_DATA + ((offs_c % HALF)[:, None] + offs_h[None, :] * HALF) * 4
+        lse_me = gl.convert_layout(lse2, h_l)
+        off_l = 16 + offs_h * 4
+        # The partner's barrier is initialised (its thread 0 arrived after doing so).
+        _sm90_per_thread(_CLUSTER_WAIT_ASM, NUM_WARPS)
+        gl.inline_asm_elementwise(
+            _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [out, off, 1 - keep],
+            dtype=gl.int32, is_pure=False, pack=4,
+        )  # fmt: skip
+        gl.inline_asm_elementwise(
+            _XCHG_PUT_ASM, "=r,f,r", [lse_me, off_l], dtype=gl.int32, is_pure=False, pack=1
+        )
+        _sm90_per_thread(_XCHG_SIGNAL_ASM, NUM_WARPS)
+        _sm90_per_thread(_XCHG_WAIT_ASM, NUM_WARPS)
+        o_other = gl.inline_asm_elementwise(
+            _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, keep], dtype=gl.float32,
+            is_pure=False, pack=4,
+        )  # fmt: skip
+        lse_other = gl.inline_asm_elementwise(
+            _XCHG_GET_ASM, "=f,r", [off_l], dtype=gl.float32, is_pure=False, pack=1
+        )
+        m = gl.maximum(lse_me, lse_other)
+        m_use = gl.where(m == float("-inf"), 0.0, m)  # both splits empty: weights 0
+        w_me = gl.exp2(lse_me - m_use)
+        w_other = gl.exp2(lse_other - m_use)
+        den = w_me + w_other
+        inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
+        o = out * (w_me * inv_den)[None, :] + o_other * (w_other * inv_den)[None, :]
+        heads_ok = offs_h < H
+        o_ptrs = o_ptr + t * stride_ot + offs_h[None, :] * stride_oh + offs_c[:, None]
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mine[:, None] & heads_ok[None, :])
+        lse_tot = gl.where(den > 0.0, m_use + gl.log2(gl.where(den > 0.0, den, 1.0)), float("-inf"))
+        gl.store(
+            lse_ptr + t * stride_lt + offs_h * stride_lh, lse_tot * 0.6931471805599453,
+            mask=heads_ok & (sp == 0),
+        )
 
     @gluon.jit
     def _sm90_store(
@@ -884,6 +1056,7 @@ if _HAS_GLUON:
         XCHG_MAX: gl.constexpr,
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
+        CLUSTER2: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -907,6 +1080,8 @@ if _HAS_GLUON:
         rest = pid // NUM_HBLK
         sp = rest % NUM_SPLITS
         t = (rest // NUM_SPLITS).to(gl.int64)
+        if CLUSTER2:  # the exchange buffer's barrier, then this thread's cluster arrive
+            _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
 
         # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
         # With producer warps the MMA warps load it, so the first gathers go out at once.
@@ -987,7 +1162,7 @@ if _HAS_GLUON:
                             _sm90_ws_gather,
                             (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
                              start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                             P_WARPS),
+                             P_WARPS, CLUSTER2),
                         ),
                     ],
                     [P_WARPS],
@@ -1001,14 +1176,22 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        if not S_BY_ONE:  # (its partitions store their own parts)
+        if CLUSTER2:
+            _sm90_cluster_epilogue(
+                m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
+                stride_ot, stride_oh, stride_lt, stride_lh,
+                BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT,
+            )  # fmt: skip
+        elif not S_BY_ONE:  # (its partitions store their own parts)
             _sm90_epilogue(
                 m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
                 BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT, LATE_SUM, HEAD_MAJOR, DIRECT,
             )  # fmt: skip
 
-    def _sm90_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
+    def _sm90_constexprs(
+        cfg: SparseMLAConfig, direct: bool, pdl: bool, cluster: bool = False
+    ) -> dict[str, object]:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
         included (one definition for every tile loop and the epilogue)."""
         wg = cfg.num_warps // 4
@@ -1061,6 +1244,7 @@ if _HAS_GLUON:
             "XCHG_MAX": cfg.xchg_max,
             "S_BY_ONE": cfg.s_by_one,
             "O_REGS": S_BY_ONE_O_REGS,
+            "CLUSTER2": cluster,
         }
 
 
@@ -1300,6 +1484,31 @@ def sparse_mla_fwd(
 _UNFIT: set[tuple[torch.device, torch.dtype, SparseMLAConfig]] = set()
 
 
+# False once this Triton's compiled kernels turned out not to carry the launch metadata
+# that _launch_in_pairs edits (then cluster_merge configs use the merge kernel).
+_PAIRS_OK = True
+
+
+def _launch_in_pairs(args: tuple, kw: dict, num_tokens: int) -> bool:
+    """Prepare the cluster_merge build so that the next launch runs it in 2-CTA clusters.
+
+    Triton launches num_ctas CTAs a program as one cluster (gridDim.x doubled, the
+    cluster attribute set) from the compiled kernel's packed metadata (num_warps,
+    num_ctas, shared memory). The kernel is written per CTA and compiled with num_ctas 1
+    (Gluon cannot compile it for 2), so num_ctas 2 is set there after compiling: CTAs 2k
+    and 2k + 1 are token k's two splits. Returns False where that metadata is missing.
+    """
+    global _PAIRS_OK
+    k = _sparse_mla_split_kernel_sm90.warmup(*args, grid=(num_tokens,), **kw)
+    meta = getattr(k, "packed_metadata", None)
+    if not (isinstance(meta, tuple) and len(meta) == 3):
+        _PAIRS_OK = False
+        return False
+    if meta[1] != 2:
+        k.packed_metadata = (meta[0], 2, meta[2])
+    return True
+
+
 def _nvmma_swizzle(row_bytes: int) -> int:
     """Largest NVMMA shared-memory swizzle that a row of row_bytes fills (0: none)."""
     return next((w for w in (128, 64, 32) if row_bytes % w == 0), 0)
@@ -1329,8 +1538,10 @@ def _launch(
     split_len = triton.cdiv(triton.cdiv(topk, num_splits), cfg.block_n) * cfg.block_n
     num_splits = triton.cdiv(topk, split_len)
     direct = num_splits == 1
+    # cluster_merge: the two splits of a token combine in the split kernel (2-CTA cluster).
+    cluster = cfg.cluster_merge and num_splits == 2 and num_hblk == 1 and _PAIRS_OK
 
-    if direct:
+    if direct or cluster:
         po = plse = lse  # unused placeholders
     else:
         need = workspace_numel(num_tokens, num_heads, num_splits)
@@ -1346,7 +1557,7 @@ def _launch(
 
     qk_scale = sm_scale * math.log2(math.e) * kv_scale
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    pdl = not direct and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
+    pdl = not direct and not cluster and cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     grid = (num_tokens * num_splits * num_hblk,)
     if cfg.gluon:  # a config with no build is refused on any machine
         if (
@@ -1356,13 +1567,18 @@ def _launch(
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
             or (cfg.s_by_one and (not cfg.head_major or cfg.num_warps != 4 or cfg.xchg_max))
+            or (
+                cfg.cluster_merge
+                and (cfg.head_major or not cfg.producer_warps or cfg.num_warps != 8
+                     or cfg.block_h > 32)
+            )
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        build = _sparse_mla_split_kernel_sm90[grid](
+        args = (
             q, kv_cache, indices, out, lse, po, plse,
             qk_scale, kv_scale,
             num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
@@ -1371,8 +1587,18 @@ def _launch(
             indices.stride(0),
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
-            **_sm90_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
         )  # fmt: skip
+        kw = dict(_sm90_constexprs(cfg, direct, pdl, cluster), num_warps=cfg.num_warps)
+        if cluster:
+            if not _launch_in_pairs(args, kw, num_tokens):
+                # This Triton's launcher cannot be asked for clusters: the merge kernel.
+                plain = dataclasses.replace(cfg, cluster_merge=False)
+                return _launch(
+                    q, kv_cache, indices, out, lse, sm_scale, kv_scale, workspace, plain,
+                    num_splits, info,
+                )  # fmt: skip
+            grid = (num_tokens,)  # one program a cluster of two CTAs
+        build = _sparse_mla_split_kernel_sm90[grid](*args, **kw)
     else:
         build = _sparse_mla_split_kernel[grid](
             q, kv_cache, indices, out, lse, po, plse,
@@ -1389,7 +1615,7 @@ def _launch(
             DOT_F32=interpret,
             **cfg.launch_options(),
         )  # fmt: skip
-    if not direct:
+    if not direct and not cluster:
         block_s = triton.next_power_of_2(num_splits)
         block_d = min(D_LATENT, max(32, MERGE_TILE // block_s))
         _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
