@@ -689,33 +689,32 @@ if _HAS_GLUON:
     _CLUSTER_WAIT_ASM: gl.constexpr = gl.constexpr(
         "barrier.cluster.wait.acquire; mov.u32 $0, 0;"
     )
+    # a (an address in this CTA's buffer) -> the same address in the partner CTA.
+    _TO_PARTNER = (
+        " { .reg .u32 r; mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
+        " mapa.shared::cluster.u32 a, a, r; }\n"
+    )
     # pack 4: $4-$7 four consecutive values, $8 the first's byte offset in the partner's
     # buffer (16-byte aligned), $12 send or not: one 16-byte remote store. 4-byte remote
     # stores cost ~0.25 us each a thread (notes, variant 53).
     _XCHG_PUT4_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .pred p; .reg .u32 a, r;\n"
+        "{ .reg .pred p; .reg .u32 a;\n"
         " setp.ne.s32 p, $12, 0;\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8;\n"
-        " mapa.shared::cluster.u32 a, a, r;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8;\n" + _TO_PARTNER +
         " @p st.shared::cluster.v4.f32 [a], {$4, $5, $6, $7};\n"
         " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
     )
     # $1 value, $2 byte offset in the partner's buffer (the lse).
     _XCHG_PUT_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .u32 a, r;\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2;\n"
-        " mapa.shared::cluster.u32 a, a, r;\n"
+        "{ .reg .u32 a;\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2;\n" + _TO_PARTNER +
         " st.shared::cluster.f32 [a], $1;\n"
         " mov.u32 $0, 0; }"
     )
     # Each MMA thread arrives once on the partner's barrier, after its stores (release).
     _XCHG_SIGNAL_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .u32 a, r;\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\n"
-        " mov.u32 a, sparse_mla_xchg;\n"
-        " mapa.shared::cluster.u32 a, a, r;\n"
+        "{ .reg .u32 a;\n"
+        " mov.u32 a, sparse_mla_xchg;\n" + _TO_PARTNER +
         " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n"
         " mov.u32 $0, 0; }"
     )
@@ -762,21 +761,19 @@ if _HAS_GLUON:
         [sp * DV/2, (sp + 1) * DV/2) of o. It sends the other half of its normalised
         partial o and its lse into the partner CTA's shared memory, waits for the
         partner's, merges its half through the two lse and stores it (lse from split 0)."""
-        l_i = gl.sum(l_part, 0)  # below 64 heads the row sums are kept per row
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, O_LAYOUT))
-        # oT in 4-column runs a thread, as _sm90_epilogue stores it.
-        st_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
-        out = gl.convert_layout(acc * inv[None, :], st_layout)
-        h_l: gl.constexpr = gl.SliceLayout(0, st_layout)
+        # oT [DV, BLOCK_H] in 4-column runs a thread (one head block: hb = 0; below 64
+        # heads the row sums are kept per row).
+        out, lse2, _, head_ix, col_ix = _sm90_normalise(
+            m_i, l_part, acc, 0, v_scale, BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT,
+            True, False,
+        )  # fmt: skip
+        h_l: gl.constexpr = gl.SliceLayout(0, out.type.layout)
         offs_h = gl.arange(0, BLOCK_H, layout=h_l)
-        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
         HALF: gl.constexpr = DV // 2
-        mine = (offs_c // HALF) == sp
-        keep = gl.where(mine[:, None], 1, 0) + gl.zeros([DV, BLOCK_H], gl.int32, st_layout)
+        mine = (col_ix // HALF) == sp
+        keep = gl.where(mine, 1, 0) + gl.zeros_like(head_ix + col_ix)
         # Head-major, so a thread's 4 consecutive columns are one 16-byte run.
-        off = _XCHG_DATA + ((offs_c % HALF)[:, None] + offs_h[None, :] * HALF) * 4
+        off = _XCHG_DATA + ((col_ix % HALF) + head_ix * HALF) * 4
         lse_me = gl.convert_layout(lse2, h_l)
         off_l = 16 + offs_h * 4
         # The partner's barrier is initialised (its thread 0 arrived after doing so).
@@ -805,8 +802,8 @@ if _HAS_GLUON:
         inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
         o = out * (w_me * inv_den)[None, :] + o_other * (w_other * inv_den)[None, :]
         heads_ok = offs_h < H
-        o_ptrs = o_ptr + t * stride_ot + offs_h[None, :] * stride_oh + offs_c[:, None]
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mine[:, None] & heads_ok[None, :])
+        o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mine & (head_ix < H))
         lse_tot = gl.where(den > 0.0, m_use + gl.log2(gl.where(den > 0.0, den, 1.0)), float("-inf"))
         gl.store(
             lse_ptr + t * stride_lt + offs_h * stride_lh, lse_tot * 0.6931471805599453,
@@ -960,15 +957,15 @@ if _HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _sm90_epilogue(
-        m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
-        o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+    def _sm90_normalise(
+        m_i, l_part, acc, hb, v_scale,
         BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
-        HEAD_MAJOR: gl.constexpr, DIRECT: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr,
     ):  # fmt: skip
-        """A program's o scaled by 1/l, and lse, stored (o or split-K partials)."""
-        # o scaled by 1/l in a blocked layout (16-byte runs along the 512 columns).
+        """A program's o scaled by 1/l in a blocked layout (16-byte runs along the 512
+        columns), its lse (base 2), the heads of the lse, and head / column indices of
+        out's elements (broadcast to its shape)."""
         # Head-major: o [BLOCK_H, DV], m and l per row; KV-major: oT [DV, BLOCK_H].
         # The tile-row axis of sT / s (and o's column axis): per-head vectors slice it away.
         ROWS: gl.constexpr = 1 if HEAD_MAJOR else 0
@@ -994,6 +991,21 @@ if _HAS_GLUON:
             offs_c = gl.arange(0, DV, layout=gl.SliceLayout(1, st_layout))
             head_ix = offs_h[None, :]
             col_ix = offs_c[:, None]
+        return out, lse2, offs_hl, head_ix, col_ix
+
+    @gluon.jit
+    def _sm90_epilogue(
+        m_i, l_part, acc, hb, t, sp, H, NUM_SPLITS, v_scale,
+        o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
+        HEAD_MAJOR: gl.constexpr, DIRECT: gl.constexpr,
+    ):  # fmt: skip
+        """A program's o scaled by 1/l, and lse, stored (o or split-K partials)."""
+        out, lse2, offs_hl, head_ix, col_ix = _sm90_normalise(
+            m_i, l_part, acc, hb, v_scale, BLOCK_H, DV, NUM_WARPS, O_LAYOUT, S_LAYOUT,
+            LATE_SUM, HEAD_MAJOR,
+        )  # fmt: skip
         _sm90_store(
             out, lse2, head_ix, col_ix, head_ix < H, offs_hl, t, sp, H, NUM_SPLITS,
             o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
