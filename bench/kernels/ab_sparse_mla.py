@@ -54,7 +54,9 @@ def main() -> int:
     print(f"flashmla: {fm_status}", flush=True)
     failures = 0
     for h, t in args.cells:
-        case = bench.Case(h, t, kv, None, bench.index_sets(t, l2))
+        n_sets = bench.index_sets(t, l2)
+        calls = bench.calls_per_replay(t, n_sets)
+        case = bench.Case(h, t, kv, None, n_sets)
         ref = case.reference()
         fns: dict[str, list] = {}
         if fm is not None:
@@ -74,9 +76,9 @@ def main() -> int:
         for r in range(args.rounds):
             k = r % len(names)
             for name in names[k:] + names[:k]:
-                times[name].append(bench.time_fn(fns[name]) * 1e6)
+                times[name].append(bench.time_fn(fns[name], calls=calls) * 1e6)
         med = {n: statistics.median(v) for n, v in times.items()}
-        print(f"{h}x{t} ({args.rounds} rounds, order rotated), us:")
+        print(f"{h}x{t} ({args.rounds} rounds, order rotated, {calls} calls a replay), us:")
         for n in names:
             vs = f"  FM/this {med['fm_bf16'] / med[n]:.3f}x" if "fm_bf16" in med else ""
             runs = " ".join(f"{x:.1f}" for x in times[n])

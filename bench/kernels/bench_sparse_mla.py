@@ -10,7 +10,10 @@ kernel against a float64 reference, then times all of them under CUDA-graph
 replay and prints one table: heads x tokens, topk 2048, bf16. Decode rows
 are batch 1..128 (one query token per request); prefill rows are 1024 and
 4096 query tokens, each with its own top-k. Every row replays enough index
-sets that one replay touches >= 3x the L2, so no row is timed from a warm L2.
+sets that one replay touches >= 3x the L2, so no row is timed from a warm L2,
+and captures whole rounds of them until a replay makes >= 32 calls or gathers
+>= 4 GB, so the graph's own launch (~10 us a replay) is spread as thin as in a
+model's captured forward, where the layers share one launch.
 """
 
 from __future__ import annotations
@@ -56,6 +59,23 @@ def gathered_bytes(tokens: int) -> int:
 def index_sets(tokens: int, l2: int) -> int:
     """Index sets a cell replays so that one replay gathers >= 3x the L2 (cold L2)."""
     return max(2, math.ceil(3 * l2 / gathered_bytes(tokens)))
+
+
+# One graph replay costs ~10 us of launch before its first kernel (H200: a one-call
+# graph of a tiny kernel times 10.75 us a call, a 32-call graph 1.14). With the two
+# index sets of batch >= 64 as the whole graph, that added ~5 us to every call
+# (8x64: 45.0 us at 2 calls, 42.4 at 32), which a served model, 78 layers to one
+# captured graph, does not pay per layer.
+REPLAY_CALLS = 32
+REPLAY_BYTES = 4e9  # ~1 ms at the copy ceiling: the launch is < 1% of such a replay
+
+
+def calls_per_replay(tokens: int, n_sets: int) -> int:
+    """Calls captured into one graph: whole rounds of the n_sets index sets (so a set
+    never follows itself, across replays too) until the replay makes >= REPLAY_CALLS
+    calls or gathers >= REPLAY_BYTES."""
+    want = min(REPLAY_CALLS, math.ceil(REPLAY_BYTES / gathered_bytes(tokens)))
+    return n_sets * max(1, math.ceil(want / n_sets))
 
 
 # ----------------------------------------------------------------------------- peers
@@ -128,12 +148,22 @@ def ceilings() -> tuple[float, float]:
     return 2 * 2**30 / copy_s, 2 * 8192**3 / mm_s
 
 
-def time_fn(fns: Callable | list[Callable], reps: int = 20, graph: bool = True) -> float:
+def replay_order(fns: list[Callable], calls: int) -> list[Callable]:
+    """The calls one graph captures: fns in turn, max(calls, len(fns)) of them."""
+    return [fns[i % len(fns)] for i in range(max(calls, len(fns)))]
+
+
+def time_fn(
+    fns: Callable | list[Callable], reps: int = 20, graph: bool = True, calls: int = 0
+) -> float:
     """Median seconds per call. A list of calls (one per input set) is captured
-    into one graph and replayed; the sets rotate so that L2 holds none of them."""
+    into one graph and replayed; the sets rotate so that L2 holds none of them.
+    calls > len(fns) captures that many, cycling through the list."""
     fns = fns if isinstance(fns, list) else [fns]
     for f in fns:
         f()  # compile / initialise outside capture
+    if graph:
+        fns = replay_order(fns, calls)
     torch.cuda.synchronize()
     if graph:
         g = torch.cuda.CUDAGraph()
@@ -478,6 +508,7 @@ def run(args: argparse.Namespace) -> int:
     for h in args.heads:
         for b in tokens:
             n_sets = index_sets(b, l2)
+            calls = calls_per_replay(b, n_sets)
             case = Case(h, b, kv, kv8, n_sets)
             ref = case.reference()
             row: dict[str, float] = {}
@@ -486,16 +517,16 @@ def run(args: argparse.Namespace) -> int:
             if decode_fwd is not None and b <= HAND_MAX_TOKENS:
                 fns = hand(case, decode_fwd)
                 if check("hand", fns, lambda r, c=case: c.out, case, ref, 1e-2) == "ok":
-                    row["hand"] = time_fn(fns)
+                    row["hand"] = time_fn(fns, calls=calls)
             if fm is not None:
                 try:
                     fns = flashmla_bf16(case, fm)
                     if check("flashmla_bf16", fns, lambda r: r[0], case, ref, 1e-2) == "ok":
-                        row["fm_bf16"] = time_fn(fns)
+                        row["fm_bf16"] = time_fn(fns, calls=calls)
                     ref8 = case.reference(fp8=True)
                     fns = flashmla_fp8(case, fm)
                     if check("flashmla_fp8", fns, lambda r: r[0][:, 0], case, ref8, 2e-2) == "ok":
-                        row["fm_fp8"] = time_fn(fns)
+                        row["fm_fp8"] = time_fn(fns, calls=calls)
                 except Exception as exc:  # noqa: BLE001 - keep the table when a peer breaks
                     print(f"  flashmla h{h} b{b}: {type(exc).__name__}: {exc}", flush=True)
             for name, (cfg, applies) in variants.items():
@@ -513,7 +544,7 @@ def run(args: argparse.Namespace) -> int:
                     failures += 1
                     continue
                 try:
-                    row[name] = time_fn(fns)
+                    row[name] = time_fn(fns, calls=calls)
                 except Exception as exc:  # noqa: BLE001 - keep the table; counted as a failure
                     print(f"  {name} h{h} b{b} timing: {type(exc).__name__}: {str(exc)[:300]}")
                     failures += 1
@@ -523,7 +554,7 @@ def run(args: argparse.Namespace) -> int:
             results[(h, b)] = row
             best = min((v, k) for k, v in row.items() if k in variants)
             cells = " ".join(f"{k}={v * 1e6:.1f}" for k, v in row.items())
-            print(f"  h{h} b{b} sets{n_sets}: {cells} best={best[1]}", flush=True)
+            print(f"  h{h} b{b} sets{n_sets} calls{calls}: {cells} best={best[1]}", flush=True)
             del case
 
     print_table(results, bw, mm, list(variants))
@@ -537,7 +568,8 @@ def print_table(
     sp = lambda r, k: f"{r[k] / r['ours']:6.2f}x" if k in r and "ours" in r else f"{'-':>7s}"  # noqa: E731
     print(f"\nsparse MLA, topk {TOPK}, bf16, CUDA-graph replay, us (HxT: heads x query tokens;")
     print(f"T > {HAND_MAX_TOKENS} are prefill rows); floor from copy {bw / 1e12:.2f} TB/s and "
-          f"bf16 matmul {mm / 1e12:.0f} TFLOP/s")  # fmt: skip
+          f"bf16 matmul {mm / 1e12:.0f} TFLOP/s; a replay is >= {REPLAY_CALLS} calls or "
+          f">= {REPLAY_BYTES / 1e9:.0f} GB gathered")  # fmt: skip
     head = f"{'HxT':>9s} {'ours':>8s} {'floor':>8s} {'/floor':>7s}"
     head += f" {'hand':>8s} {'FM bf16':>8s} {'FM fp8':>8s}"
     head += f" {'vs hand':>7s} {'vs bf16':>7s} {'vs fp8':>7s} {'vs FM':>7s}"

@@ -1,0 +1,38 @@
+"""bench/kernels/bench_sparse_mla.py: how many calls one timed graph replay captures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
+import bench_sparse_mla as bench  # noqa: E402
+
+L2 = 60_000_000  # the H200's, as torch reports it there
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 16, 32, 64, 128, 1024, 4096])
+def test_a_replay_is_whole_rounds_of_cold_sets(tokens: int) -> None:
+    n_sets = bench.index_sets(tokens, L2)
+    calls = bench.calls_per_replay(tokens, n_sets)
+    assert calls % n_sets == 0  # a set never follows itself, from one replay to the next
+    assert n_sets * bench.gathered_bytes(tokens) >= 3 * L2
+    gathered = calls * bench.gathered_bytes(tokens)
+    enough = calls >= bench.REPLAY_CALLS or gathered >= bench.REPLAY_BYTES
+    assert enough, (tokens, n_sets, calls)
+    assert calls < bench.REPLAY_CALLS + n_sets  # no more rounds than that takes
+
+
+def test_batch_64_no_longer_times_two_calls_a_replay() -> None:
+    # The replay's own launch (~10 us) was split over two calls here.
+    assert bench.calls_per_replay(64, bench.index_sets(64, L2)) == 28  # 27 wanted, 2 sets
+    assert bench.calls_per_replay(4096, bench.index_sets(4096, L2)) == 2
+
+
+def test_the_capture_cycles_through_the_sets() -> None:
+    fns = [lambda i=i: i for i in range(3)]
+    order = [f() for f in bench.replay_order(fns, bench.calls_per_replay(32, 3))]
+    assert order == [0, 1, 2] * 11
+    assert [f() for f in bench.replay_order(fns, 0)] == [0, 1, 2]  # never fewer than the sets
