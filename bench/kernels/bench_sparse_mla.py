@@ -404,6 +404,11 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         # kernel (at 8 heads that is ws_h8_b2).
         "ws_h16_mk": (g(16, 8, producer_warps=4), few),
         "ws_h32_mk": (g(32, 8, producer_warps=4), mid),
+        # The launch-time choices before KV-major s_by_one (variant 54): both MMA
+        # warpgroups compute sT (their halves of the heads, or all at 8 heads).
+        "ws_h8_cm": (g(8, 8, dup_s=True, producer_warps=4, cluster_merge=True), lambda h: h <= 8),
+        "ws_h16_cm": (g(16, 8, producer_warps=4, cluster_merge=True), few),
+        "ws_h32_cm": (g(32, 8, producer_warps=4, cluster_merge=True), mid),
     }
 
 

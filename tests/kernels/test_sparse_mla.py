@@ -211,6 +211,13 @@ def test_forced_configs(cfg: object, num_splits: int) -> None:
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
+# Both MMA warpgroups on sT (the launch-time choices before KV-major s_by_one).
+WS_CM_CFGS = [
+    mod.SparseMLAConfig(h, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=h == 8,
+                        producer_warps=4, cluster_merge=True)
+    for h in (8, 16, 32)
+]
+
 # Listed options and every launch-time Gluon config, each once.
 GLUON_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True),
@@ -243,10 +250,13 @@ GLUON_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                         cluster_merge=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
+    *WS_CM_CFGS,
 ]))
 
-# The launch-time choices at 8, 16 and 32 heads from 32 tokens.
-CLUSTER_CFGS = [mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")]
+# The launch-time choices at 8, 16 and 32 heads from 32 tokens, and the ones before them.
+CLUSTER_CFGS = list(dict.fromkeys(
+    [*(mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")), *WS_CM_CFGS]
+))
 
 
 @pytest.mark.gpu
@@ -284,12 +294,14 @@ def test_cluster_merge_without_cluster_launch_uses_the_merge_kernel(monkeypatch)
 
 @pytest.mark.parametrize("h", [8, 16, 32])
 def test_sm90_batch64_merges_in_clusters(h: int) -> None:
-    # 64 tokens of 8-32 heads on 132 SMs: one head block, two splits, cluster_merge.
+    # 64 tokens of 8-32 heads on 132 SMs: one head block, two splits, cluster_merge, and
+    # KV-major s_by_one (one warpgroup computes sT, each half of oT).
     info = mod.DeviceInfo(num_sms=132, smem_bytes=232448, major=9)
     cfg = mod.candidate_configs(64, h, info)[0]
     if not mod._HAS_GLUON:
         pytest.skip("this Triton has no Gluon")
     assert cfg.cluster_merge and math.ceil(h / cfg.block_h) == 1
+    assert cfg.s_by_one and not cfg.head_major and cfg.num_warps == 4
     assert mod.pick_num_splits(64, 1, 2048, cfg.block_n, 132, cfg.per_sm) == 2
     assert cfg.smem_estimate() <= info.smem_bytes
 
@@ -332,8 +344,12 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
         mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, head_major=True),
         # The hand-rolled row-max exchange exists only in the head-major loop.
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4, xchg_max=True),
-        # s_by_one: head-major only, in one-warpgroup partitions (num_warps 4).
+        # s_by_one: one-warpgroup partitions (num_warps 4) beside producer warps;
+        # KV-major up to 32 heads (oT halves of [256, heads] in registers).
         mod.SparseMLAConfig(64, 64, 4, 2, per_sm=1, gluon=True, producer_warps=4,
+                            s_by_one=True),
+        mod.SparseMLAConfig(16, 64, 4, 2, per_sm=1, gluon=True, s_by_one=True),
+        mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                             s_by_one=True),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                             head_major=True, s_by_one=True),

@@ -118,7 +118,8 @@ class SparseMLAConfig:
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
             # + barriers and reduction scratch (16 B a head, from the compiled builds)
             red = 8 * self.block_h if self.xchg_max else 0  # each warpgroup's row max
-            red += 4 * self.block_h + 64 if self.s_by_one else 0  # alpha, 4 barriers
+            if self.s_by_one:  # alpha, 4 barriers (KV-major: the lse, the softmax's scratch)
+                red += 4 * self.block_h + 64 if self.head_major else 8 * self.block_h + 1280
             red += _XCHG_BYTES if self.cluster_merge else 0
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
@@ -150,20 +151,24 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     "g_h64": SparseMLAConfig(64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, late_issue=True),
     # The same with producer warps of their own (warp specialisation): from 32 tokens
     # (from 8 at 64+ heads); up to 8 heads a third buffer fits, which pays in prefill.
-    # With exactly two splits (about 45-66 tokens) these run as 2-CTA clusters that
-    # merge through distributed shared memory (cluster_merge), else the merge kernel.
+    # Up to 32 heads one warpgroup computes sT for every head and the softmax, and each
+    # of two computes half of oT (s_by_one, KV-major). With exactly two splits (about
+    # 45-66 tokens) these run as 2-CTA clusters that merge through distributed shared
+    # memory (cluster_merge), else the merge kernel.
     "ws_h8": SparseMLAConfig(
-        8, 64, 8, 2, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4,
+        8, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, s_by_one=True,
         cluster_merge=True,
     ),
     "ws_h8_b3": SparseMLAConfig(
         8, 64, 8, 3, per_sm=1, pdl=True, gluon=True, dup_s=True, producer_warps=4
     ),
     "ws_h16": SparseMLAConfig(
-        16, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, cluster_merge=True
+        16, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, s_by_one=True,
+        cluster_merge=True,
     ),
     "ws_h32": SparseMLAConfig(
-        32, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, cluster_merge=True
+        32, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, s_by_one=True,
+        cluster_merge=True,
     ),
     "ws_h64": SparseMLAConfig(
         64, 64, 8, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4, sum_late=True
@@ -391,12 +396,11 @@ if _HAS_GLUON:
         return m_i, l_part, acc, s_zero
 
     @gluon.jit
-    def _sm90_softmax_pv(
-        s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
-        O_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
-    ):  # fmt: skip
-        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT."""
-        s = gl.where((ss_cur >= 0)[:, None], s * qk_scale, float("-inf"))
+    def _sm90_kv_online_softmax(s, ss, qk_scale, m_i, l_part, LATE_SUM: gl.constexpr):
+        """KV-major online softmax of one tile's sT [BLOCK_N, heads] (rows with slot < 0
+        at -inf): the new max, alpha, p (base 2) and the row sums (per row with
+        LATE_SUM, else per head)."""
+        s = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 0))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
@@ -405,6 +409,17 @@ if _HAS_GLUON:
             l_part = l_part * alpha[None, :] + p
         else:
             l_part = l_part * alpha + gl.sum(p, 0)
+        return m_new, alpha, p, l_part
+
+    @gluon.jit
+    def _sm90_softmax_pv(
+        s, ss_cur, qk_scale, m_i, l_part, acc, kv_i, p_smem,
+        O_LAYOUT: gl.constexpr, LATE_SUM: gl.constexpr,
+    ):  # fmt: skip
+        """One tile's online softmax on sT [BLOCK_N, BLOCK_H] and oT += kvT . pT."""
+        m_new, alpha, p, l_part = _sm90_kv_online_softmax(
+            s, ss_cur, qk_scale, m_i, l_part, LATE_SUM
+        )
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))
         acc = acc * alpha_o[None, :]
         p_smem.store(p.to(p_smem.dtype))
@@ -537,6 +552,25 @@ if _HAS_GLUON:
             sr = sr_next
 
     @gluon.jit
+    def _sm90_kv_scores(
+        q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end, s_zero,
+        rows_s, BLOCK_N: gl.constexpr, NBUF: gl.constexpr, S_LAYOUT: gl.constexpr,
+    ):  # fmt: skip
+        """KV-major: wait for tile i from the producers; sT = kv . qT [BLOCK_N, heads]
+        unscaled, and the tile's slots (-1 past the split's end)."""
+        buf = i % NBUF
+        mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
+        gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
+        s_tok = gl_wgmma(
+            kv_smem.index(buf), q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True
+        )
+        s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
+        ss = slot_smem.index(buf).load(gl.SliceLayout(1, S_LAYOUT))
+        ss = gl.where(start + i * BLOCK_N + rows_s < end, ss, -1)
+        s = gl_wgmma_wait(0, deps=[s_tok])
+        return s, ss
+
+    @gluon.jit
     def _sm90_ws_loop_kv(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
         start, end, qk_scale,
@@ -551,14 +585,11 @@ if _HAS_GLUON:
         )
         for i in range(0, n_tiles):
             buf = i % NBUF
-            mbarrier.wait(full_bars.index(buf), (i // NBUF) & 1)
-            gl_fence_async_shared()  # the producers' cp.async writes -> wgmma reads
             kv_i = kv_smem.index(buf)
-            s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok, is_async=True)
-            ss = slot_smem.index(buf).load(gl.SliceLayout(1, S_LAYOUT))
-            ss = gl.where(start + i * BLOCK_N + rows_s < end, ss, -1)
-            s = gl_wgmma_wait(0, deps=[s_tok])
+            s, ss = _sm90_kv_scores(
+                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
+                s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,
+            )  # fmt: skip
             m_i, l_part, acc = _sm90_softmax_pv(
                 s, ss, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
             )
@@ -672,16 +703,21 @@ if _HAS_GLUON:
     _XCHG_DATA: gl.constexpr = gl.constexpr(_XCHG_DATA_BYTES)
     # Once a thread, MMA warps before the loop: declare the buffer, thread 0 initialises
     # the barrier, every thread arrives on the cluster barrier (waited before sending).
-    _XCHG_INIT_ASM: gl.constexpr = gl.constexpr(
-        f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\n"
-        "{ .reg .pred p; .reg .u32 a;\n"
-        " setp.eq.u32 p, $1, 0;\n"
-        " mov.u32 a, sparse_mla_xchg;\n"
-        " @p mbarrier.init.shared::cta.b64 [a], 256;\n"
-        " @p fence.mbarrier_init.release.cluster;\n"
-        " barrier.cluster.arrive.release;\n"
-        " mov.u32 $0, 0; }"
-    )
+    def _xchg_init_asm(senders: int) -> str:
+        return (
+            f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\n"
+            "{ .reg .pred p; .reg .u32 a;\n"
+            " setp.eq.u32 p, $1, 0;\n"
+            " mov.u32 a, sparse_mla_xchg;\n"
+            f" @p mbarrier.init.shared::cta.b64 [a], {senders};\n"
+            " @p fence.mbarrier_init.release.cluster;\n"
+            " barrier.cluster.arrive.release;\n"
+            " mov.u32 $0, 0; }"
+        )
+
+    _XCHG_INIT_ASM: gl.constexpr = gl.constexpr(_xchg_init_asm(256))
+    # s_by_one: one warpgroup of the partner sends.
+    _XCHG_INIT_WG_ASM: gl.constexpr = gl.constexpr(_xchg_init_asm(128))
     # The producer warps' share of the cluster barrier (every thread of the cluster).
     _CLUSTER_ARRIVE_ASM: gl.constexpr = gl.constexpr(
         "barrier.cluster.arrive.release; mov.u32 $0, 0;"
@@ -751,6 +787,20 @@ if _HAS_GLUON:
         )
 
     @gluon.jit
+    def _sm90_merge2(out, o_other, lse_me, lse_other):
+        """cluster_merge: o from this split's and the partner's normalised halves (heads
+        along out's axis 1), and the merged lse (base 2, -inf where both are empty)."""
+        m = gl.maximum(lse_me, lse_other)
+        m_use = gl.where(m == float("-inf"), 0.0, m)  # both splits empty: weights 0
+        w_me = gl.exp2(lse_me - m_use)
+        w_other = gl.exp2(lse_other - m_use)
+        den = w_me + w_other
+        inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
+        o = out * (w_me * inv_den)[None, :] + o_other * (w_other * inv_den)[None, :]
+        lse_tot = gl.where(den > 0.0, m_use + gl.log2(gl.where(den > 0.0, den, 1.0)), float("-inf"))
+        return o, lse_tot
+
+    @gluon.jit
     def _sm90_cluster_epilogue(
         m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh,
@@ -794,17 +844,10 @@ if _HAS_GLUON:
         lse_other = gl.inline_asm_elementwise(
             _XCHG_GET_ASM, "=f,r", [off_l], dtype=gl.float32, is_pure=False, pack=1
         )
-        m = gl.maximum(lse_me, lse_other)
-        m_use = gl.where(m == float("-inf"), 0.0, m)  # both splits empty: weights 0
-        w_me = gl.exp2(lse_me - m_use)
-        w_other = gl.exp2(lse_other - m_use)
-        den = w_me + w_other
-        inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
-        o = out * (w_me * inv_den)[None, :] + o_other * (w_other * inv_den)[None, :]
+        o, lse_tot = _sm90_merge2(out, o_other, lse_me, lse_other)
         heads_ok = offs_h < H
         o_ptrs = o_ptr + t * stride_ot + head_ix * stride_oh + col_ix
         gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mine & (head_ix < H))
-        lse_tot = gl.where(den > 0.0, m_use + gl.log2(gl.where(den > 0.0, den, 1.0)), float("-inf"))
         gl.store(
             lse_ptr + t * stride_lt + offs_h * stride_lh, lse_tot * 0.6931471805599453,
             mask=heads_ok & (sp == 0),
@@ -957,6 +1000,192 @@ if _HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
+    def _sm90_kv1_s_wg(
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem, lse_smem,
+        full_bars, empty_bars, p_full, p_empty, start, end, qk_scale, v_scale, q_tok, hb, H,
+        stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
+    ):  # fmt: skip
+        """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
+        every head (kv read from shared memory once, not once per warpgroup), the softmax,
+        p and alpha handed to the second warpgroup, oT[:256] += kv[:, :256]T . pT; at the
+        end 1/l and lse handed over the same way, and this half of o finished."""
+        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
+        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
+        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        for i in range(0, n_tiles):
+            buf = i % NBUF
+            kv_i = kv_smem.index(buf)
+            s, ss = _sm90_kv_scores(
+                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
+                s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,
+            )  # fmt: skip
+            m_new, alpha, p, l_part = _sm90_kv_online_softmax(
+                s, ss, qk_scale, m_i, l_part, True
+            )
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # the same layout
+            acc = acc * alpha_o[None, :]
+            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
+            mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
+            p_smem.store(p.to(p_smem.dtype))
+            alpha_smem.store(alpha_o)
+            gl_fence_async_shared()
+            gl.thread_barrier()  # all of p (and alpha) is stored
+            mbarrier.arrive(p_full)
+            kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            mbarrier.arrive(empty_bars.index(buf))
+            m_i = m_new
+        l_i = gl.sum(l_part, 0)
+        has = l_i > 0.0
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, O_LAYOUT))
+        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
+        mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
+        alpha_smem.store(inv)
+        lse_smem.store(lse2)
+        gl.thread_barrier()
+        mbarrier.arrive(p_full)
+        _sm90_kv1_finish(
+            acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+            plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
+            DIRECT, CLUSTER2, q_smem.slice(0, DV // 2, 1),
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_kv1_o_wg(
+        q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars, p_full, p_empty, start,
+        end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
+        O_LAYOUT: gl.constexpr, DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
+    ):  # fmt: skip
+        """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
+        over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
+        by the 1/l handed over, and finished."""
+        if CLUSTER2:  # every thread of the cluster arrives once
+            _sm90_per_thread(_CLUSTER_ARRIVE_ASM, 4)
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
+        for i in range(0, n_tiles):
+            buf = i % NBUF
+            mbarrier.wait(p_full, i & 1)
+            gl_fence_async_shared()  # p, and the tile the first warpgroup saw land
+            alpha = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
+            acc = acc * alpha[None, :]
+            kv_t = kv_smem.index(buf).slice(DV // 2, DV // 2, 1).permute((1, 0))
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            gl.thread_barrier()  # every thread has read alpha
+            mbarrier.arrive(p_empty)
+            mbarrier.arrive(empty_bars.index(buf))
+        mbarrier.wait(p_full, n_tiles & 1)
+        inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
+        lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))
+        _sm90_kv1_finish(
+            acc * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+            plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
+            DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_kv1_store_o(
+        o, c0, hb, t, H, o_ptr, stride_ot, stride_oh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, stage_smem,
+    ):  # fmt: skip
+        """One warpgroup's half of o (oT [256, BLOCK_H], columns c0 ..) in o's dtype
+        through its half of q's buffer (free after the last q . kT) into 16-byte runs."""
+        stage_smem.store(gl.permute(o.to(stage_smem.dtype), (1, 0)))
+        gl.thread_barrier()
+        st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+        v = stage_smem.load(st_layout)
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
+        offs_c = c0 + gl.arange(0, DV // 2, layout=gl.SliceLayout(0, st_layout))
+        o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+        gl.store(o_ptrs, v.to(o_ptr.dtype.element_ty), mask=(offs_h < H)[:, None])
+
+    @gluon.jit
+    def _sm90_kv1_finish(
+        out, lse2, HALF: gl.constexpr, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+        plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, stage_smem,
+    ):  # fmt: skip
+        """s_by_one KV-major: warpgroup HALF's normalised half of oT (o's columns
+        [HALF * 256, HALF * 256 + 256)) stored, or as split-K partials, or with
+        cluster_merge sent to / merged with the partner CTA's same warpgroup (split s
+        keeps columns [256 s, 256 s + 256), so its warpgroup s keeps and the other sends).
+        The lse goes with the first warpgroup's part."""
+        c0: gl.constexpr = HALF * (DV // 2)
+        h_l: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=h_l)
+        if CLUSTER2:
+            # Sender and receiver are the same warpgroup of the two CTAs, so the same
+            # layout: each 4-element register group (rows r and r + 8, two heads) goes
+            # to its own 16-byte slot, a warp's 32 lanes to 512 consecutive bytes.
+            rows = gl.arange(0, DV // 2, layout=gl.SliceLayout(1, O_LAYOUT))[:, None]
+            heads = gl.arange(0, BLOCK_H, layout=h_l)[None, :]
+            lane = (rows % 8) * 4 + (heads % 8) // 2
+            off = _XCHG_DATA + (((rows // 16) * (BLOCK_H // 8) + heads // 8) * 32 + lane) * 16
+            ones = gl.full_like(off, 1)
+            off_l = 16 + gl.arange(0, BLOCK_H, layout=h_l) * 4
+            if sp != HALF:
+                _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
+                gl.inline_asm_elementwise(
+                    _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [out, off, ones],
+                    dtype=gl.int32, is_pure=False, pack=4,
+                )  # fmt: skip
+                gl.inline_asm_elementwise(
+                    _XCHG_PUT_ASM, "=r,f,r", [lse2, off_l], dtype=gl.int32, is_pure=False,
+                    pack=1,
+                )  # fmt: skip
+                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
+            else:
+                _sm90_per_thread(_XCHG_WAIT_ASM, 4)
+                o_other = gl.inline_asm_elementwise(
+                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, ones],
+                    dtype=gl.float32, is_pure=False, pack=4,
+                )  # fmt: skip
+                lse_other = gl.inline_asm_elementwise(
+                    _XCHG_GET_ASM, "=f,r", [off_l], dtype=gl.float32, is_pure=False,
+                    pack=1,
+                )  # fmt: skip
+                o, lse_tot = _sm90_merge2(out, o_other, lse2, lse_other)
+                _sm90_kv1_store_o(
+                    o, c0, hb, t, H, o_ptr, stride_ot, stride_oh, BLOCK_H, DV, stage_smem
+                )
+                if HALF == 0:  # split 0 writes the lse
+                    gl.store(
+                        lse_ptr + t * stride_lt + offs_h * stride_lh,
+                        lse_tot * 0.6931471805599453, mask=offs_h < H,
+                    )  # fmt: skip
+        elif DIRECT:
+            _sm90_kv1_store_o(
+                out, c0, hb, t, H, o_ptr, stride_ot, stride_oh, BLOCK_H, DV, stage_smem
+            )
+            if HALF == 0:
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453,
+                    mask=offs_h < H,
+                )
+        else:  # fp32 partials straight from the MMA layout
+            cols = c0 + gl.arange(0, DV // 2, layout=gl.SliceLayout(1, O_LAYOUT))
+            _sm90_store(
+                out, lse2, offs_h[None, :], cols[:, None], (offs_h < H)[None, :], offs_h,
+                t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+                stride_ot, stride_oh, stride_lt, stride_lh, DV, False, HALF == 0,
+            )  # fmt: skip
+
+    @gluon.jit
     def _sm90_normalise(
         m_i, l_part, acc, hb, v_scale,
         BLOCK_H: gl.constexpr, DV: gl.constexpr, NUM_WARPS: gl.constexpr,
@@ -1093,7 +1322,10 @@ if _HAS_GLUON:
         sp = rest % NUM_SPLITS
         t = (rest // NUM_SPLITS).to(gl.int64)
         if CLUSTER2:  # the exchange buffer's barrier, then this thread's cluster arrive
-            _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
+            if S_BY_ONE:
+                _sm90_per_thread(_XCHG_INIT_WG_ASM, NUM_WARPS)
+            else:
+                _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
 
         # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
         # With producer warps the MMA warps load it, so the first gathers go out at once.
@@ -1132,34 +1364,71 @@ if _HAS_GLUON:
                 p_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
                 mbarrier.init(p_bars.index(0), count=1)  # p and alpha handed over
                 mbarrier.init(p_bars.index(1), count=1)  # ... and read
-                gl.warp_specialize(
-                    [
-                        (
-                            _sm90_hm1_s_wg,
-                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem,
-                             full_bars, empty_bars, p_bars.index(0), p_bars.index(1), start, end,
-                             qk_scale, v_scale, q_ptr + t * stride_qt, hb, H, stride_qh, t, sp,
-                             NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                             stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                             S_LAYOUT, DIRECT),
-                        ),
-                        (
-                            _sm90_hm1_o_wg,
-                            (q_smem, kv_smem, p_smem, alpha_smem, empty_bars, p_bars.index(0),
-                             p_bars.index(1), start, end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
-                             po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
-                             BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT, S_LAYOUT, DIRECT),
-                        ),
-                        (
-                            _sm90_ws_gather,
-                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                             start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF,
-                             P_WARPS),
-                        ),
-                    ],
-                    [4, P_WARPS],
-                    [O_REGS, P_REGS],
-                )  # fmt: skip
+                if HEAD_MAJOR:
+                    gl.warp_specialize(
+                        [
+                            (
+                                _sm90_hm1_s_wg,
+                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
+                                 alpha_smem, full_bars, empty_bars, p_bars.index(0),
+                                 p_bars.index(1), start, end, qk_scale, v_scale,
+                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
+                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
+                                 S_LAYOUT, DIRECT),
+                            ),
+                            (
+                                _sm90_hm1_o_wg,
+                                (q_smem, kv_smem, p_smem, alpha_smem, empty_bars,
+                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
+                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
+                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
+                                 O_LAYOUT, S_LAYOUT, DIRECT),
+                            ),
+                            (
+                                _sm90_ws_gather,
+                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
+                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
+                                 DR, NBUF, P_WARPS),
+                            ),
+                        ],
+                        [4, P_WARPS],
+                        [O_REGS, P_REGS],
+                    )  # fmt: skip
+                else:  # KV-major: the lse handed over at the end, with 1/l
+                    lse_smem = gl.allocate_shared_memory(
+                        gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0])
+                    )
+                    gl.warp_specialize(
+                        [
+                            (
+                                _sm90_kv1_s_wg,
+                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
+                                 alpha_smem, lse_smem, full_bars, empty_bars, p_bars.index(0),
+                                 p_bars.index(1), start, end, qk_scale, v_scale,
+                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
+                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
+                                 S_LAYOUT, DIRECT, CLUSTER2),
+                            ),
+                            (
+                                _sm90_kv1_o_wg,
+                                (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
+                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
+                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
+                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
+                                 O_LAYOUT, DIRECT, CLUSTER2),
+                            ),
+                            (
+                                _sm90_ws_gather,
+                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
+                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
+                                 DR, NBUF, P_WARPS, CLUSTER2),
+                            ),
+                        ],
+                        [4, P_WARPS],
+                        [O_REGS, P_REGS],
+                    )  # fmt: skip
             else:
                 m_i, l_part, acc = gl.warp_specialize(
                     [
@@ -1188,7 +1457,7 @@ if _HAS_GLUON:
                 LATE_SUM,
             )  # fmt: skip
 
-        if CLUSTER2:
+        if CLUSTER2 and not S_BY_ONE:
             _sm90_cluster_epilogue(
                 m_i, l_part, acc, t, sp, H, v_scale, o_ptr, lse_ptr,
                 stride_ot, stride_oh, stride_lt, stride_lh,
@@ -1207,7 +1476,12 @@ if _HAS_GLUON:
         """The Gluon kernel's compile-time arguments for a config, the MMA layouts
         included (one definition for every tile loop and the epilogue)."""
         wg = cfg.num_warps // 4
-        if cfg.s_by_one:  # one warpgroup a partition: s [64, 64], half of o [64, 256]
+        if cfg.s_by_one and not cfg.head_major:  # sT [64, H] and each half of oT [256, H]
+            s_layout = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.block_h, 16]
+            )
+            o_layout = s_layout
+        elif cfg.s_by_one:  # one warpgroup a partition: s [64, 64], half of o [64, 256]
             s_layout = gl.NVMMADistributedLayout(
                 version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cfg.block_n, 16]
             )
@@ -1578,11 +1852,15 @@ def _launch(
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
-            or (cfg.s_by_one and (not cfg.head_major or cfg.num_warps != 4 or cfg.xchg_max))
+            or (
+                cfg.s_by_one
+                and (cfg.num_warps != 4 or cfg.xchg_max or cfg.dup_s or not cfg.producer_warps
+                     or (not cfg.head_major and cfg.block_h > 32))
+            )
             or (
                 cfg.cluster_merge
-                and (cfg.head_major or not cfg.producer_warps or cfg.num_warps != 8
-                     or cfg.block_h > 32)
+                and (cfg.head_major or not cfg.producer_warps
+                     or cfg.num_warps != (4 if cfg.s_by_one else 8) or cfg.block_h > 32)
             )
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
