@@ -51,14 +51,14 @@ def l2_bytes(dev: object) -> int:
     return int(getattr(dev, "L2_cache_size", 0) or 60e6)
 
 
-def gathered_bytes(tokens: int) -> int:
+def gathered_bytes(tokens: int, topk: int = TOPK) -> int:
     """KV bytes one call gathers (top-k rows of 576 bf16 a query token)."""
-    return tokens * TOPK * 576 * 2
+    return tokens * topk * 576 * 2
 
 
-def index_sets(tokens: int, l2: int) -> int:
+def index_sets(tokens: int, l2: int, topk: int = TOPK) -> int:
     """Index sets a cell replays so that one replay gathers >= 3x the L2 (cold L2)."""
-    return max(2, math.ceil(3 * l2 / gathered_bytes(tokens)))
+    return max(2, math.ceil(3 * l2 / gathered_bytes(tokens, topk)))
 
 
 # One graph replay costs ~10 us of launch before its first kernel (H200: a one-call
@@ -70,11 +70,11 @@ REPLAY_CALLS = 32
 REPLAY_BYTES = 4e9  # ~1 ms at the copy ceiling: the launch is < 1% of such a replay
 
 
-def calls_per_replay(tokens: int, n_sets: int) -> int:
+def calls_per_replay(tokens: int, n_sets: int, topk: int = TOPK) -> int:
     """Calls captured into one graph: whole rounds of the n_sets index sets (so a set
     never follows itself, across replays too) until the replay makes >= REPLAY_CALLS
     calls or gathers >= REPLAY_BYTES."""
-    want = min(REPLAY_CALLS, math.ceil(REPLAY_BYTES / gathered_bytes(tokens)))
+    want = min(REPLAY_CALLS, math.ceil(REPLAY_BYTES / gathered_bytes(tokens, topk)))
     return n_sets * max(1, math.ceil(want / n_sets))
 
 

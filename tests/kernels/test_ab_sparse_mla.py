@@ -42,3 +42,13 @@ def test_unknown_config_is_refused_by_name() -> None:
 def test_rounds_must_be_positive() -> None:
     proc = run("--configs", "ours", "--cells", "8x64", "--rounds", "0")
     assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_tile_cost_refuses_a_bad_cell_by_name() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "tile_cost.py"), "--cells", "8x0"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cell '8x0': heads and tokens must be >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
