@@ -90,14 +90,16 @@ class SparseMLAConfig:
     # Head-major: the row max crosses the warpgroups through one shared-memory store and
     # one barrier (each warpgroup's max, read back by both) instead of Triton's reduction.
     xchg_max: bool = False
-    # Head-major in three partitions of one warpgroup each: the first computes s and the
-    # softmax for all 64 rows (q read from shared memory once a tile, not once per
-    # warpgroup; no row-max exchange) and half of o, the second the other half of o, the
-    # producers gather. num_warps is the first partition's: 4.
+    # Three partitions of one warpgroup each: the first computes s and the softmax for
+    # the whole tile (head-major: q read from shared memory once a tile, not once per
+    # warpgroup, and no row-max exchange; KV-major, up to 32 heads: the kv tile read
+    # once, and alpha handed over once) and half of o, the second the other half of o,
+    # the producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
     # KV-major with producer warps, one head block, exactly two splits: the two programs
     # of a token run as a 2-CTA cluster and combine their halves of o through
-    # distributed shared memory (no partials in global memory, no merge kernel).
+    # distributed shared memory (no partials in global memory, no merge kernel). With
+    # s_by_one each warpgroup's half of oT is one split's half of o's columns.
     cluster_merge: bool = False
 
     def launch_options(self) -> dict[str, int]:
