@@ -882,18 +882,19 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _sm90_hm1_s_wg(
-        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem, full_bars,
-        empty_bars, p_full, p_empty, start, end, qk_scale, v_scale, q_tok, hb, H, stride_qh,
-        t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem, lse_smem,
+        full_bars, empty_bars, p_full, p_empty, start, end, qk_scale, v_scale, q_tok, hb, H,
+        stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, first warpgroup: q to shared memory; per tile s = q . kvT for all 64
         rows, the softmax (row max and sums within the warpgroup), p and alpha handed to
         the second warpgroup (p_full / p_empty), o[:, :256] += p . v; at the end 1/l
-        handed over the same way, and this half of o and lse stored."""
+        handed over the same way, and this half of o and lse stored. lse_smem and
+        CLUSTER2 only share the KV-major partitions' signature (no clusters here)."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
@@ -942,11 +943,12 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _sm90_hm1_o_wg(
-        q_smem, kv_smem, p_smem, alpha_smem, empty_bars, p_full, p_empty, start, end,
-        hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+        q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars, p_full, p_empty, start,
+        end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, second warpgroup: per tile, once p and alpha are handed over,
         o[:, 256:] = o * alpha + p . v; at the end o scaled by the 1/l handed over."""
@@ -1069,7 +1071,8 @@ if _HAS_GLUON:
         end, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
-        O_LAYOUT: gl.constexpr, DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
+        O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
         over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
@@ -1366,71 +1369,41 @@ if _HAS_GLUON:
                 p_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
                 mbarrier.init(p_bars.index(0), count=1)  # p and alpha handed over
                 mbarrier.init(p_bars.index(1), count=1)  # ... and read
-                if HEAD_MAJOR:
-                    gl.warp_specialize(
-                        [
-                            (
-                                _sm90_hm1_s_wg,
-                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
-                                 alpha_smem, full_bars, empty_bars, p_bars.index(0),
-                                 p_bars.index(1), start, end, qk_scale, v_scale,
-                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
-                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                                 S_LAYOUT, DIRECT),
-                            ),
-                            (
-                                _sm90_hm1_o_wg,
-                                (q_smem, kv_smem, p_smem, alpha_smem, empty_bars,
-                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
-                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
-                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
-                                 O_LAYOUT, S_LAYOUT, DIRECT),
-                            ),
-                            (
-                                _sm90_ws_gather,
-                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
-                                 DR, NBUF, P_WARPS),
-                            ),
-                        ],
-                        [4, P_WARPS],
-                        [O_REGS, P_REGS],
-                    )  # fmt: skip
-                else:  # KV-major: the lse handed over at the end, with 1/l
+                if HEAD_MAJOR:  # 1/l alone is handed over at the end (no clusters here)
+                    lse_smem = alpha_smem
+                else:  # KV-major: the lse too, with 1/l
                     lse_smem = gl.allocate_shared_memory(
                         gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0])
                     )
-                    gl.warp_specialize(
-                        [
-                            (
-                                _sm90_kv1_s_wg,
-                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
-                                 alpha_smem, lse_smem, full_bars, empty_bars, p_bars.index(0),
-                                 p_bars.index(1), start, end, qk_scale, v_scale,
-                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
-                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                                 S_LAYOUT, DIRECT, CLUSTER2),
-                            ),
-                            (
-                                _sm90_kv1_o_wg,
-                                (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
-                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
-                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
-                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
-                                 O_LAYOUT, DIRECT, CLUSTER2),
-                            ),
-                            (
-                                _sm90_ws_gather,
-                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
-                                 DR, NBUF, P_WARPS, CLUSTER2),
-                            ),
-                        ],
-                        [4, P_WARPS],
-                        [O_REGS, P_REGS],
-                    )  # fmt: skip
+                gl.warp_specialize(
+                    [
+                        (
+                            _sm90_hm1_s_wg if HEAD_MAJOR else _sm90_kv1_s_wg,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem,
+                             lse_smem, full_bars, empty_bars, p_bars.index(0), p_bars.index(1),
+                             start, end, qk_scale, v_scale, q_ptr + t * stride_qt, hb, H,
+                             stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+                             stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV,
+                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2),
+                        ),
+                        (
+                            _sm90_hm1_o_wg if HEAD_MAJOR else _sm90_kv1_o_wg,
+                            (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
+                             p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
+                             NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                             stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
+                             S_LAYOUT, DIRECT, CLUSTER2),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
+                             idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR,
+                             NBUF, P_WARPS, CLUSTER2),
+                        ),
+                    ],
+                    [4, P_WARPS],
+                    [O_REGS, P_REGS],
+                )  # fmt: skip
             else:
                 m_i, l_part, acc = gl.warp_specialize(
                     [
