@@ -162,10 +162,9 @@ def time_fn(
     fns = fns if isinstance(fns, list) else [fns]
     for f in fns:
         f()  # compile / initialise outside capture
-    if graph:
-        fns = replay_order(fns, calls)
     torch.cuda.synchronize()
     if graph:
+        fns = replay_order(fns, calls)
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -61,7 +61,7 @@ def main() -> int:
         us = {k: time_cell(mod, kv, h, t, k, False) for k in TOPKS}
         empty = time_cell(mod, kv, h, t, 2048, True)
         cfg = mod.pick_config(t, h, info)
-        nh = -(-h // cfg.block_h)
+        nh = math.ceil(h / cfg.block_h)
         splits = {
             k: mod.pick_num_splits(t, nh, k, cfg.block_n, info.num_sms, cfg.per_sm)
             for k in TOPKS
