@@ -144,6 +144,7 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                     "IDX_AHEAD": cfg.idx_ahead,
                     "USE_PDL": cfg.pdl and not direct,
                     "DOT_F32": False,
+                    "PDL_WAIT": cfg.pdl,  # launched as a programmatic dependent
                 }
                 shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
                 shape += " ahead" if cfg.idx_ahead else ""

@@ -384,3 +384,68 @@ def test_sm90_picks_gluon(t: int, h: int) -> None:
     assert not any(c.gluon for c in mod.candidate_configs(t, h, info, kv_bytes=1))
     sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
     assert not any(c.gluon for c in mod.candidate_configs(t, h, sm120))
+
+
+# Batch 1 (Triton split + merge), 16 tokens (Gluon split-K + merge), 64 (2-CTA clusters),
+# 128 (one split): every path the split kernel takes as a programmatic dependent.
+PDL_CELLS = [(1, 16), (16, 8), (64, 32), (128, 8)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,h", [*PDL_CELLS, (1, 64)])  # 64 x 1: a config without pdl
+def test_split_kernel_launches_as_a_programmatic_dependent(t: int, h: int) -> None:
+    q, kv, idx = make_inputs(t, h, 2048, num_blocks=64)
+    info = mod._device_info(q.device)
+    cfg = mod.pick_config(t, h, info)
+    out = torch.empty(t, h, DV, dtype=q.dtype, device=q.device)
+    lse = torch.empty(t, h, dtype=torch.float32, device=q.device)
+    ws = torch.empty(mod.max_workspace_numel(t, h, 2048, q.device), device=q.device)
+    build = mod._launch(q, kv, idx, out, lse, 0.05, 1.0, ws, cfg, None, info)
+    want = cfg.pdl and torch.cuda.get_device_capability()[0] >= 9 and mod._HAS_GDC
+    assert (t, h) != (1, 64) or not want, "64 x 1 was to check a config without pdl"
+    assert bool(getattr(build.metadata, "launch_pdl", False)) == want
+    # ... and then it waits for the grid before it before touching memory.
+    assert ("griddepcontrol.wait" in build.asm["ptx"]) == want
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t,h", PDL_CELLS)
+def test_back_to_back_calls_in_a_graph_see_each_others_writes(t: int, h: int) -> None:
+    # Each call reads the q that the kernel before it wrote (a copy captured between the
+    # calls) and writes an output the next copy reads: were a split kernel to touch
+    # memory before the grid before it completes, the chain would see stale data.
+    n = 4
+    q0, kv, idx = make_inputs(t, h, 2048, num_blocks=64)
+    qs = [q0.clone() for _ in range(n)]
+    outs = [torch.empty(t, h, DV, dtype=q0.dtype, device=q0.device) for _ in range(n)]
+    lses = [torch.empty(t, h, dtype=torch.float32, device=q0.device) for _ in range(n)]
+    ws = torch.empty(mod.max_workspace_numel(t, h, 2048, q0.device), device=q0.device)
+
+    def chain() -> None:
+        for i in range(n):
+            if i:  # q of call i: q0 plus a tenth of call i-1's output (its latent part)
+                qs[i][..., :DV].copy_(q0[..., :DV] + 0.1 * outs[i - 1])
+            mod.sparse_mla_fwd(qs[i], kv, idx, 0.05, outs[i], lses[i], workspace=ws)
+
+    chain()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(g, stream=s):
+        chain()
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    q_ref = q0.cpu()
+    for i in range(n):
+        if i:
+            q_ref = q0.cpu().clone()
+            q_ref[..., :DV] = (q0[..., :DV].cpu().float() + 0.1 * outs[i - 1].cpu().float()).to(
+                q0.dtype
+            )
+        ref_o, _ = mod.reference_sparse_mla(q_ref, kv.cpu(), idx.cpu(), 0.05)
+        got = outs[i].cpu().double()
+        rel = ((got - ref_o).norm() / ref_o.norm()).item()
+        assert rel <= 1e-2, f"call {i}: relative error {rel:.2e}"
