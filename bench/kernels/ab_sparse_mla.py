@@ -7,6 +7,9 @@ round to round, and the medians over the rounds are compared, so drift within a
 row is spread over all of them. GPU machine only:
 
   python3 bench/kernels/ab_sparse_mla.py --configs ours hm_h64 --cells 128x1024 --rounds 6
+
+--kernel-variants times the launch choice of patched copies of the kernel too
+(kernel_variants.py), as 'ours@NAME': e.g. --kernel-variants no_pdl_wait.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_sparse_mla as bench  # noqa: E402
+import kernel_variants  # noqa: E402
 
 
 def parse_cell(text: str) -> tuple[int, int]:
@@ -39,7 +43,13 @@ def main() -> int:
     ap.add_argument("--cells", nargs="+", type=parse_cell, required=True)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--kernel-variants", nargs="*", default=[], metavar="NAME")
     args = ap.parse_args()
+    parts = {p for v in args.kernel_variants for p in v.split("+")}
+    if bad := sorted(parts - set(kernel_variants.VARIANTS)):
+        ap.error(f"unknown kernel variant(s) {bad}; known: {', '.join(kernel_variants.VARIANTS)}")
+    if wrong := sorted(parts & kernel_variants.WRONG_RESULTS):
+        ap.error(f"kernel variant(s) {wrong} give wrong results by design: use phase_stamps.py")
     mod = bench.load_kernel_module()
     sweep = bench.sweep_variants(mod)
     unknown = [c for c in args.configs if c != "ours" and c not in sweep]
@@ -63,9 +73,10 @@ def main() -> int:
             f = bench.flashmla_bf16(case, fm)
             if bench.check("fm_bf16", f, lambda r: r[0], case, ref, 1e-2) == "ok":
                 fns["fm_bf16"] = f
-        for name in args.configs:
-            cfg = None if name == "ours" else sweep[name][0]
-            f, build = bench.ours(case, cfg)
+        contenders = [(n, None if n == "ours" else sweep[n][0], None) for n in args.configs]
+        contenders += [(f"ours@{v}", None, kernel_variants.load(v)) for v in args.kernel_variants]
+        for name, cfg, variant in contenders:
+            f, build = bench.ours(case, cfg, variant)
             print(f"  build {name} h{h} t{t}: {build[0]} {build[1]}", flush=True)
             if bench.check(name, f, lambda r: r[0], case, ref, 1e-2) != "ok":
                 failures += 1

@@ -243,12 +243,15 @@ class Case:
         return o
 
 
-def ours(case: Case, cfg: object | None) -> tuple[list[Callable], tuple[str, str]]:
+def ours(
+    case: Case, cfg: object | None, mod: object | None = None
+) -> tuple[list[Callable], tuple[str, str]]:
     """Calls for each index set, and (split path, build report) of the config used.
 
     cfg None is the launch-time choice, called as the backend calls it (no
-    config, a workspace sized by max_workspace_numel)."""
-    mod = load_kernel_module()
+    config, a workspace sized by max_workspace_numel). mod: a patched copy of the
+    kernel module (kernel_variants.py) instead of the kernel itself."""
+    mod = mod or load_kernel_module()
     info = mod._device_info(case.q.device)
     kv3 = case.kv.view(-1, 1, 576)  # page size 1 view; any block size works
     if cfg is None:

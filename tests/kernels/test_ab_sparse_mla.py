@@ -39,6 +39,14 @@ def test_unknown_config_is_refused_by_name() -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_unknown_or_ablation_kernel_variant_is_refused_by_name() -> None:
+    proc = run("--configs", "ours", "--cells", "8x64", "--kernel-variants", "nope")
+    assert proc.returncode == 2 and "unknown kernel variant(s) ['nope']" in proc.stderr
+    proc = run("--configs", "ours", "--cells", "8x64", "--kernel-variants", "stamps+noq")
+    assert proc.returncode == 2 and "['noq'] give wrong results by design" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_rounds_must_be_positive() -> None:
     proc = run("--configs", "ours", "--cells", "8x64", "--rounds", "0")
     assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr, proc.stderr[-2000:]

@@ -1,0 +1,340 @@
+"""Patched copies of the sparse-MLA kernel module: phase stamps, ablations, exchange forms.
+
+Each variant rewrites the kernel's source at anchors that must occur exactly once in
+the named function (else a KeyError names the anchor), and loads the result as a module
+of its own, so that Triton compiles it apart from the real kernel. Only the KV-major
+s_by_one path is touched: 8-32 heads from 32 tokens, the launch choice at batch 64 (two
+splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywhere
+(tests/kernels/test_kernel_variants.py); the modules run on an SM90 GPU.
+
+  stamps    globaltimer stamps per CTA at the phase boundaries, into the workspace
+  noq       ablation (wrong results): the first warpgroup does not load q
+  nostore   ablation (wrong results): o is staged but not stored
+  noxfer    ablation (wrong results): the cluster sender stores nothing (signal, wait stay)
+  erel      ablation (wrong results): each warpgroup releases a KV buffer before its p.v
+  bf16x     the cluster exchange in bf16 (8 bytes a 4-register group instead of 16)
+  st_async  the cluster exchange as st.async, counted by the keeper's mbarrier (no fence)
+  no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
+  pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
+
+Variants combine with '+', applied left to right: e.g. 'stamps+st_async'.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+KERNEL = (
+    Path(__file__).resolve().parents[2]
+    / "patches/vllm/files/vllm/v1/attention/ops/triton_sparse_mla.py"
+)
+
+# Stamp slots (int32 words; 32 a CTA at (2 * token + split) * 32 in the workspace).
+STAMP_WORDS = 32
+SLOTS = {
+    "s_start": 0,  # first warpgroup, before q's load
+    "s_q": 1,  # q in shared memory
+    "s_tile0": 2,  # tile 0's scores done (its gather landed)
+    "s_loop": 3,  # after the last tile's p.v
+    "s_xchg": 4,  # sender: stores issued / signalled; keeper: partner's half arrived
+    "s_end": 5,  # after the store
+    "s_merged": 6,  # keeper: merged
+    "o_start": 8,
+    "o_p0": 9,  # second warpgroup: tile 0's p handed over
+    "o_loop": 10,
+    "o_xchg": 12,
+    "o_end": 13,
+    "o_merged": 14,
+    "s_last_top": 21,  # top of the last tile's iteration
+    "s_last_scored": 20,  # the last tile's scores done
+}
+
+_STAMP_FN = '''
+    @gluon.jit
+    def _stamp(po_ptr, t, sp, K: gl.constexpr):
+        """Thread 0 of a warpgroup writes the low word of %globaltimer (ns) to slot K."""
+        tid = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        v = gl.inline_asm_elementwise(
+            "mov.u32 $0, %globaltimer_lo; // $1", "=r,r", [tid], dtype=gl.int32,
+            is_pure=False, pack=1,
+        )
+        base = po_ptr + (t * 2 + sp) * 32 + K
+        gl.store(base + tid * 0, v.to(gl.float32, bitcast=True), mask=tid == 0)
+
+'''
+
+_BF16X_ASM = '''    _XCHG_PUT4H_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a; .reg .b32 h0, h1;\\n"
+        " setp.ne.s32 p, $12, 0;\\n"
+        " cvt.rn.bf16x2.f32 h0, $5, $4; cvt.rn.bf16x2.f32 h1, $7, $6;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8;\\n" + _TO_PARTNER +
+        " @p st.shared::cluster.v2.b32 [a], {h0, h1};\\n"
+        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
+    )
+    _XCHG_GET4H_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a; .reg .b32 h0, h1;\\n"
+        " setp.ne.s32 p, $8, 0;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $4;\\n"
+        " mov.b32 h0, 0; mov.b32 h1, 0;\\n"
+        " @p ld.shared.v2.b32 {h0, h1}, [a];\\n"
+        " shl.b32 $0, h0, 16; and.b32 $1, h0, 0xffff0000;\\n"
+        " shl.b32 $2, h1, 16; and.b32 $3, h1, 0xffff0000; }"
+    )
+
+'''
+
+# The keeper's barrier counts bytes (one arrival, its own expect_tx at init, before the
+# cluster barrier the senders wait on); each st.async completes its bytes on it.
+_ST_ASYNC_ASM = '''    _XCHG_INIT_TX_ASM: gl.constexpr = gl.constexpr(
+        f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\\n"
+        "{ .reg .pred p; .reg .u32 a;\\n"
+        " setp.eq.u32 p, $1, 0;\\n"
+        " mov.u32 a, sparse_mla_xchg;\\n"
+        " @p mbarrier.init.shared::cta.b64 [a], 1;\\n"
+        " @p mbarrier.arrive.expect_tx.shared::cta.b64 _, [a], $2;\\n"
+        " @p fence.mbarrier_init.release.cluster;\\n"
+        " barrier.cluster.arrive.release;\\n"
+        " mov.u32 $0, 0; }"
+    )
+    _XCHG_PUT4A_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a, m, r;\\n"
+        " setp.ne.s32 p, $12, 0;\\n"
+        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8; mapa.shared::cluster.u32 a, a, r;\\n"
+        " mov.u32 m, sparse_mla_xchg; mapa.shared::cluster.u32 m, m, r;\\n"
+        " @p st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"
+        " [a], {$4, $5, $6, $7}, [m];\\n"
+        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
+    )
+    _XCHG_PUTA_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a, m, r;\\n"
+        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2; mapa.shared::cluster.u32 a, a, r;\\n"
+        " mov.u32 m, sparse_mla_xchg; mapa.shared::cluster.u32 m, m, r;\\n"
+        " st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [a], $1, [m];\\n"
+        " mov.u32 $0, 0; }"
+    )
+
+'''
+
+_SEND = '''                gl.inline_asm_elementwise(
+                    _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [out, off, ones],
+                    dtype=gl.int32, is_pure=False, pack=4,
+                )  # fmt: skip
+                gl.inline_asm_elementwise(
+                    _XCHG_PUT_ASM, "=r,f,r", [lse2, off_l], dtype=gl.int32, is_pure=False,
+                    pack=1,
+                )  # fmt: skip
+                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
+'''
+
+
+def _span(src: str, fn: str | None) -> tuple[int, int]:
+    if fn is None:
+        return 0, len(src)
+    head = f"    def {fn}("
+    a = src.find(head)
+    if a < 0:
+        raise KeyError(f"kernel function {fn} not found")
+    b = src.find("    @gluon.jit", a)
+    return a, (b if b > 0 else len(src))
+
+
+def _sub(src: str, fn: str | None, old: str, new: str) -> str:
+    a, b = _span(src, fn)
+    n = src[a:b].count(old)
+    if n != 1:
+        raise KeyError(f"anchor in {fn or 'the module'} found {n} times: {old.strip()[:70]!r}")
+    return src[:a] + src[a:b].replace(old, new) + src[b:]
+
+
+def _before_fn(src: str, fn: str, text: str) -> str:
+    head = f"    @gluon.jit\n    def {fn}("
+    return _sub(src, None, head, text + head)
+
+
+def _stamp(slot: str, indent: int, cond: str = "") -> str:
+    pad = " " * indent
+    call = f"_stamp(po_ptr, t, sp, {SLOTS[slot]})"
+    if slot.startswith(("s_xchg", "s_end", "s_merged")):  # per warpgroup HALF in finish
+        call = f"_stamp(po_ptr, t, sp, {SLOTS[slot]} + 8 * HALF)"
+    return f"{pad}if {cond}:\n{pad}    {call}\n" if cond else f"{pad}{call}\n"
+
+
+def stamps(src: str) -> str:
+    src = _before_fn(src, "_sm90_kv1_s_wg", _STAMP_FN)
+    f = "_sm90_kv1_s_wg"
+    q = "        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H"
+    src = _sub(src, f, q, _stamp("s_start", 8) + q)
+    bar = "        gl.thread_barrier()  # every warp's part of q is stored"
+    src = _sub(src, f, bar, _stamp("s_q", 8) + bar)
+    top = "            buf = i % NBUF\n"
+    src = _sub(src, f, top, top + _stamp("s_last_top", 12, "i == n_tiles - 1"))
+    scored = "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n"
+    src = _sub(
+        src, f, scored,
+        scored + _stamp("s_tile0", 12, "i == 0") + _stamp("s_last_scored", 12, "i == n_tiles - 1"),
+    )  # fmt: skip
+    end = "        l_i = gl.sum(l_part, 0)\n"
+    src = _sub(src, f, end, _stamp("s_loop", 8) + end)
+    f = "_sm90_kv1_o_wg"
+    n = "        n_tiles = gl.cdiv(end - start, BLOCK_N)\n"
+    src = _sub(src, f, n, n + _stamp("o_start", 8))
+    p0 = "            mbarrier.wait(p_full, i & 1)\n"
+    src = _sub(src, f, p0, p0 + _stamp("o_p0", 12, "i == 0"))
+    last = "        mbarrier.wait(p_full, n_tiles & 1)\n"
+    src = _sub(src, f, last, _stamp("o_loop", 8) + last)
+    f = "_sm90_kv1_finish"  # slots s_* + 8 * HALF: the o_* slots for the second warpgroup
+    for asm in ("_XCHG_SIGNAL_ASM", "_XCHG_WAIT_ASM"):
+        anchor = f"_sm90_per_thread({asm}, 4)\n"
+        src = _sub(src, f, anchor, anchor + _stamp("s_xchg", 16))
+    merged = "o, lse_tot = _sm90_merge2(out, o_other, lse2, lse_other)\n"
+    src = _sub(src, f, merged, merged + _stamp("s_merged", 16))
+    a, b = _span(src, f)
+    src = src[:a] + src[a:b].rstrip("\n") + "\n" + _stamp("s_end", 8) + "\n" + src[b:]
+    # Stamps go to the workspace, which the direct and cluster paths leave unused.
+    return _sub(
+        src, None, "po = plse = lse  # unused placeholders",
+        "po = plse = workspace if workspace is not None else lse",
+    )  # fmt: skip
+
+
+def noq(src: str) -> str:
+    line = (
+        "        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV,"
+        " DR, 4)\n"
+    )
+    return _sub(src, "_sm90_kv1_s_wg", line, "")
+
+
+def nostore(src: str) -> str:
+    mask = "mask=(offs_h < H)[:, None])"
+    return _sub(src, "_sm90_kv1_store_o", mask, "mask=(offs_h < 0)[:, None])")
+
+
+def noxfer(src: str) -> str:
+    return _sub(src, "_sm90_kv1_finish", "[out, off, ones]", "[out, off, ones * 0]")
+
+
+def erel(src: str) -> str:
+    f = "_sm90_kv1_o_wg"
+    rel = "            mbarrier.arrive(empty_bars.index(buf))\n"
+    done = "            mbarrier.arrive(p_empty)\n"
+    src = _sub(src, f, done + rel, done)
+    p0 = "            mbarrier.wait(p_full, i & 1)\n"
+    src = _sub(src, f, p0, p0 + rel)
+    f = "_sm90_kv1_s_wg"
+    pv = "            acc = gl_wgmma_wait(0, deps=[o_tok])\n"
+    src = _sub(src, f, pv + rel, pv)
+    soft = "            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))"
+    return _sub(src, f, soft, rel + soft)
+
+
+def bf16x(src: str) -> str:
+    src = _before_fn(src, "_sm90_per_thread", _BF16X_ASM)
+    f = "_sm90_kv1_finish"
+    src = _sub(src, f, "+ heads // 8) * 32 + lane) * 16", "+ heads // 8) * 32 + lane) * 8")
+    src = _sub(src, f, "_XCHG_PUT4_ASM, ", "_XCHG_PUT4H_ASM, ")
+    get = '''                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, ones],
+                    dtype=gl.float32, is_pure=False, pack=4,
+                )  # fmt: skip'''
+    return _sub(src, f, get, '''                    _XCHG_GET4H_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
+                    [off, ones],
+                    dtype=gl.int32, is_pure=False, pack=4,
+                ).to(gl.float32, bitcast=True)  # fmt: skip''')
+
+
+def st_async(src: str) -> str:
+    src = _before_fn(src, "_sm90_per_thread", _ST_ASYNC_ASM)
+    # Bytes the keeper's barrier waits for: its half of oT in fp32, and the lse as every
+    # thread holds it in the accumulator's column slice (BLOCK_H / 4 values a thread).
+    src = _sub(
+        src, "_sparse_mla_split_kernel_sm90",
+        "                _sm90_per_thread(_XCHG_INIT_WG_ASM, NUM_WARPS)\n",
+        "                _tid = gl.arange(\n"
+        "                    0, NUM_WARPS * 32,\n"
+        "                    layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0]),\n"
+        "                )\n"
+        "                gl.inline_asm_elementwise(\n"
+        "                    _XCHG_INIT_TX_ASM, \"=r,r,r\",\n"
+        "                    [_tid, gl.full_like(_tid, BLOCK_H * (DV // 2) * 4 + BLOCK_H * 128)],\n"
+        "                    dtype=gl.int32, is_pure=False, pack=1,\n"
+        "                )\n",
+    )  # fmt: skip
+    send = _SEND.replace("_XCHG_PUT4_ASM", "_XCHG_PUT4A_ASM")
+    send = send.replace("_XCHG_PUT_ASM", "_XCHG_PUTA_ASM")
+    send = send.replace("                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "")
+    return _sub(src, "_sm90_kv1_finish", _SEND, send)
+
+
+VARIANTS: dict[str, Callable[[str], str]] = {
+    "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
+    "bf16x": bf16x, "st_async": st_async,
+}  # fmt: skip
+WRONG_RESULTS = {"noq", "nostore", "noxfer", "erel"}
+
+
+def source(name: str) -> str:
+    """The kernel source with variant(s) name ('base', or names joined by '+')."""
+    src = KERNEL.read_text()
+    for part in name.split("+"):
+        if part == "base":
+            continue
+        if part not in VARIANTS:
+            raise KeyError(f"unknown kernel variant {part!r}; known: base, {', '.join(VARIANTS)}")
+        src = VARIANTS[part](src)
+    return src
+
+
+_DIR = Path(tempfile.gettempdir()) / "sparse_mla_variants"
+
+
+def load(name: str) -> ModuleType:
+    """Import the patched source as a module of its own (Gluon reads the file back)."""
+    modname = "sparse_mla_" + name.replace("+", "_")
+    if modname in sys.modules:
+        return sys.modules[modname]
+    _DIR.mkdir(parents=True, exist_ok=True)
+    path = _DIR / f"{modname}.py"
+    path.write_text(source(name))
+    spec = importlib.util.spec_from_file_location(modname, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod  # dataclasses look the module up while building
+    spec.loader.exec_module(mod)
+    return mod
+
+
+
+def no_pdl_wait(src: str) -> str:
+    """The split kernel launched in plain stream order, as before PDL_WAIT."""
+    pdl = "    pdl = not direct and not cluster and pdl_wait\n"
+    src = _sub(src, None, pdl, pdl + "    pdl_wait = False\n")  # the merge's own PDL stays
+    wait = (
+        "        gl.inline_asm_elementwise(\n"
+        '            "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,'
+        " pack=1\n        )\n"
+    )
+    return _sub(src, "_sparse_mla_split_kernel_sm90", wait, "")
+
+
+def pdl_trigger(src: str) -> str:
+    """Every split and merge grid lets its dependents launch at its start. In the bench a
+    call's dependent is the next call, so this times the overlap of back-to-back calls;
+    in a model it helps only a following kernel that is itself launched with PDL."""
+    old = "    if USE_PDL:  # let the merge kernel's programs launch now; they wait for this grid\n"
+    src = _sub(src, None, old, "    if True:\n")
+    old = "    if USE_PDL:  # launched early (programmatic dependent launch): wait for the splits\n"
+    wait = old + "        gdc_wait()\n"
+    src = _sub(src, None, wait, wait + "    gdc_launch_dependents()\n")
+    old = "        if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now\n"
+    return _sub(src, "_sparse_mla_split_kernel_sm90", old, "        if True:\n")
+
+
+VARIANTS["no_pdl_wait"] = no_pdl_wait
+VARIANTS["pdl_trigger"] = pdl_trigger

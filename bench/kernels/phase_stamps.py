@@ -1,0 +1,157 @@
+"""Where a call of the KV-major s_by_one kernel spends its time: ablations and stamps.
+
+For each cell, the launch choice and patched copies of it (kernel_variants.py) are
+timed interleaved over rounds (order rotated, as ab_sparse_mla.py does), and the
+difference of each from the unpatched build is printed. Then the 'stamps' build is
+replayed once more and the globaltimer stamps its CTAs wrote in the replay's last call
+are printed per phase (min, p10, median, p90, max over the CTAs, us). Cells must use the
+KV-major s_by_one path: 8-32 heads, 32-128 tokens. GPU machine only:
+
+  python3 bench/kernels/phase_stamps.py --cells 32x64 8x64 --variants noq nostore noxfer
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import kernel_variants  # noqa: E402
+from ab_sparse_mla import parse_cell  # noqa: E402
+
+CLUSTER_ONLY = {"noxfer", "bf16x", "st_async"}
+
+
+def phases(words: np.ndarray, cluster: bool, n_tiles: int) -> list[tuple[str, np.ndarray]]:
+    """Per-phase times (us) from the stamps of one call: words is [2 * tokens, 32] int32,
+    row 2t + s for token t's split s (one split: the even rows)."""
+    x = words.astype(np.int64)
+    split = np.tile([0, 1], len(x) // 2)
+    if not cluster:
+        x, split = x[0::2], split[0::2]
+    base = x[:, kernel_variants.SLOTS["s_start"]].min()
+
+    def at(name: str) -> np.ndarray:  # us from the first CTA's start (32-bit wrap)
+        d = (x[:, kernel_variants.SLOTS[name]] - base + 2**31) % 2**32 - 2**31
+        return d / 1000.0
+
+    r = {name: at(name) for name in kernel_variants.SLOTS}
+    rows = [
+        ("start", r["s_start"]),
+        ("q in shared memory", r["s_q"] - r["s_start"]),
+        ("tile 0 scored", r["s_tile0"] - r["s_start"]),
+        ("per tile, tile 0 .. last scored",
+         (r["s_last_scored"] - r["s_tile0"]) / max(1, n_tiles - 1)),
+        ("last tile: wait + q.kT", r["s_last_scored"] - r["s_last_top"]),
+        ("last tile: softmax .. p.v", r["s_loop"] - r["s_last_scored"]),
+        ("loop end, first warpgroup", r["s_loop"]),
+        ("loop end, second warpgroup", r["o_loop"]),
+        ("finish, first warpgroup", r["s_end"] - r["s_loop"]),
+        ("finish, second warpgroup", r["o_end"] - r["o_loop"]),
+        ("end", np.maximum(r["s_end"], r["o_end"])),
+    ]  # fmt: skip
+    if cluster:  # split s keeps warpgroup s's half of o; the other warpgroup sends
+        for wg, keeper in (("s", split == 0), ("o", split == 1)):
+            xchg = r[f"{wg}_xchg"] - r[f"{wg}_loop"]
+            rows += [
+                (f"{wg} keeper: loop end -> partner's half in", xchg[keeper]),
+                (f"{wg} sender: loop end -> sent", xchg[~keeper]),
+                (f"{wg} keeper: in -> merged", (r[f"{wg}_merged"] - r[f"{wg}_xchg"])[keeper]),
+                (f"{wg} keeper: merged -> stored", (r[f"{wg}_end"] - r[f"{wg}_merged"])[keeper]),
+            ]
+        rows.append(("pair's loop ends apart", np.abs(r["s_loop"][0::2] - r["s_loop"][1::2])))
+    return rows
+
+
+def print_phases(rows: list[tuple[str, np.ndarray]]) -> None:
+    print(f"    {'phase, us':44s} {'min':>7s} {'p10':>7s} {'median':>7s} {'p90':>7s} {'max':>7s}")
+    for name, v in rows:
+        q = np.percentile(v, [0, 10, 50, 90, 100])
+        print(f"    {name:44s} " + " ".join(f"{a:7.2f}" for a in q))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", nargs="+", type=parse_cell, required=True)
+    ap.add_argument("--variants", nargs="*", default=["noq", "nostore", "noxfer"])
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    unknown = [v for v in args.variants for p in v.split("+") if p not in kernel_variants.VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; known: {', '.join(kernel_variants.VARIANTS)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    bad = [f"{h}x{t}" for h, t in args.cells if not (8 <= h <= 32 and 32 <= t <= 128)]
+    if bad:
+        ap.error(f"cell(s) {bad}: the KV-major s_by_one path runs 8-32 heads at 32-128 tokens")
+
+    import bench_sparse_mla as bench
+    import torch  # after the argument checks: they run without a GPU
+
+    names = ["base", *dict.fromkeys([*args.variants, "stamps"])]
+    mods = {n: kernel_variants.load(n) for n in names}
+    torch.manual_seed(0)
+    l2 = bench.l2_bytes(torch.cuda.get_device_properties(0))
+    kv = torch.randn(bench.SLOTS, 576, device="cuda", dtype=torch.bfloat16)
+    info = mods["base"]._device_info(kv.device)
+    for h, t in args.cells:
+        cfg = mods["base"].pick_config(t, h, info)
+        if not (cfg.gluon and cfg.s_by_one and not cfg.head_major):
+            print(f"{h}x{t}: the launch choice here is not KV-major s_by_one; skipped")
+            continue
+        splits = mods["base"].pick_num_splits(t, 1, bench.TOPK, 64, info.num_sms, cfg.per_sm)
+        cluster = splits == 2 and cfg.cluster_merge
+        n_sets = bench.index_sets(t, l2)
+        calls = bench.calls_per_replay(t, n_sets)
+        case = bench.Case(h, t, kv, None, n_sets)
+        ref = case.reference()
+        fns, ws = {}, {}
+        for n in names:
+            if not cluster and any(p in CLUSTER_ONLY for p in n.split("+")):
+                continue
+            w = torch.zeros(1 << 20, device="cuda", dtype=torch.float32)
+            out, lse = torch.empty_like(case.out), torch.empty_like(case.lse)
+            fns[n] = [
+                lambda i=i, m=mods[n], c=case, w=w, out=out, lse=lse: m.sparse_mla_fwd(
+                    c.q, kv.view(-1, 1, 576), i, c.scale, out, lse, workspace=w
+                )
+                for i in case.idx
+            ]
+            ws[n] = w
+            fns[n][0]()
+            torch.cuda.synchronize()
+            err = bench.rel_err(out[: ref.shape[0]].cpu(), ref)
+            wrong = set(n.split("+")) & kernel_variants.WRONG_RESULTS
+            print(f"  {h}x{t} {n}: error vs reference {err:.2e}"
+                  + (" (ablation: wrong by design)" if wrong else ""), flush=True)  # fmt: skip
+            if not wrong and not err < 1e-2:
+                print(f"{h}x{t} {n}: wrong results", file=sys.stderr)
+                return 1
+        times: dict[str, list[float]] = {n: [] for n in fns}
+        order = list(fns)
+        for rd in range(args.rounds):
+            k = rd % len(order)
+            for n in order[k:] + order[:k]:
+                times[n].append(bench.time_fn(fns[n], calls=calls) * 1e6)
+        med = {n: statistics.median(v) for n, v in times.items()}
+        print(f"{h}x{t}: h{cfg.block_h}, {splits} split(s), {args.rounds} rounds, {calls} calls"
+              " a replay; us, median and against the unpatched build")  # fmt: skip
+        for n in order:
+            runs = " ".join(f"{x:.1f}" for x in times[n])
+            print(f"  {n:18s} {med[n]:8.2f} {med[n] - med['base']:+7.2f}   [{runs}]", flush=True)
+        bench.time_fn(fns["stamps"], calls=calls, reps=1)
+        torch.cuda.synchronize()
+        words = ws["stamps"][: t * 2 * kernel_variants.STAMP_WORDS].view(torch.int32)
+        words = words.view(t * 2, kernel_variants.STAMP_WORDS).cpu().numpy()
+        print(f"  stamps, the last call of a replay ({bench.TOPK // splits // 64} tiles a CTA):")
+        print_phases(phases(words, cluster, bench.TOPK // splits // 64))
+        del case
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
