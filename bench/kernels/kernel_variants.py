@@ -338,3 +338,13 @@ def pdl_trigger(src: str) -> str:
 
 VARIANTS["no_pdl_wait"] = no_pdl_wait
 VARIANTS["pdl_trigger"] = pdl_trigger
+
+
+def no_merge_pdl(src: str) -> str:
+    """The split kernel still a programmatic dependent, but its merge kernel launched
+    in stream order (the split grid does not let it launch early)."""
+    pdl = "    pdl = not direct and not cluster and pdl_wait\n"
+    return _sub(src, None, pdl, "    pdl = False\n")
+
+
+VARIANTS["no_merge_pdl"] = no_merge_pdl
