@@ -1316,7 +1316,7 @@ if _HAS_GLUON:
                 is_pure=False,
                 pack=1,
             )
-        # Launched as a programmatic dependent (PDL_WAIT in _launch): no global access
+        # Launched as a programmatic dependent (pdl_wait in _launch): no global access
         # before the previous grid has completed and its writes are visible. The worker
         # partitions start after these warps reach warp_specialize. A no-op otherwise.
         gl.inline_asm_elementwise(
