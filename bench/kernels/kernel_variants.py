@@ -16,6 +16,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   st_async  the cluster exchange as st.async, counted by the keeper's mbarrier (no fence)
   no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
+  no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
 
 Variants combine with '+', applied left to right: e.g. 'stamps+st_async'.
 """
