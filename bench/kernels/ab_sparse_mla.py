@@ -10,6 +10,9 @@ row is spread over all of them. GPU machine only:
 
 --kernel-variants times the launch choice of patched copies of the kernel too
 (kernel_variants.py), as 'ours@NAME': e.g. --kernel-variants no_pdl_wait.
+--kernel-files does the same for other copies of the kernel module, as 'file@STEM':
+e.g. an earlier revision's, written out with `git show REV:patches/vllm/files/vllm/v1/
+attention/ops/triton_sparse_mla.py > /tmp/before.py`.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--kernel-variants", nargs="*", default=[], metavar="NAME")
+    ap.add_argument("--kernel-files", nargs="*", default=[], type=Path, metavar="PATH")
     args = ap.parse_args()
+    if missing := [str(f) for f in args.kernel_files if not f.is_file()]:
+        ap.error(f"kernel file(s) {missing} do not exist")
     parts = {p for v in args.kernel_variants for p in v.split("+")}
     if bad := sorted(parts - set(kernel_variants.VARIANTS)):
         ap.error(f"unknown kernel variant(s) {bad}; known: {', '.join(kernel_variants.VARIANTS)}")
@@ -75,6 +81,9 @@ def main() -> int:
                 fns["fm_bf16"] = f
         contenders = [(n, None if n == "ours" else sweep[n][0], None) for n in args.configs]
         contenders += [(f"ours@{v}", None, kernel_variants.load(v)) for v in args.kernel_variants]
+        contenders += [
+            (f"file@{f.stem}", None, kernel_variants.load_file(f)) for f in args.kernel_files
+        ]
         for name, cfg, variant in contenders:
             f, build = bench.ours(case, cfg, variant)
             print(f"  build {name} h{h} t{t}: {build[0]} {build[1]}", flush=True)

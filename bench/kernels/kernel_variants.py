@@ -2,8 +2,8 @@
 
 Each variant rewrites the kernel's source at anchors that must occur exactly once in
 the named function (else a KeyError names the anchor), and loads the result as a module
-of its own, so that Triton compiles it apart from the real kernel. Only the KV-major
-s_by_one path is touched: 8-32 heads from 32 tokens, the launch choice at batch 64 (two
+of its own, so that Triton compiles it apart from the real kernel. Most touch only the
+KV-major s_by_one path: 8-32 heads from 32 tokens, the launch choice at batch 64 (two
 splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywhere
 (tests/kernels/test_kernel_variants.py); the modules run on an SM90 GPU.
 
@@ -17,6 +17,11 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
+
+The t_* ablations touch the Triton split kernel (the lone token at 8-16 heads) and its merge:
+  t_noq     no q loaded          t_nostore  no partial o stored
+  t_nokv    no KV row gathered   t_nomerge  no merge kernel
+  t_p16     (not an ablation) the partial o in bf16
 
 Variants combine with '+', applied left to right: e.g. 'stamps+st_async'.
 """
@@ -45,14 +50,23 @@ SLOTS = {
     "s_xchg": 4,  # sender: stores issued / signalled; keeper: partner's half arrived
     "s_end": 5,  # after the store
     "s_merged": 6,  # keeper: merged
+    "s_fin": 7,  # finish entered (the second warpgroup: 1/l and lse handed over)
     "o_start": 8,
     "o_p0": 9,  # second warpgroup: tile 0's p handed over
     "o_loop": 10,
     "o_xchg": 12,
     "o_end": 13,
     "o_merged": 14,
+    "o_fin": 15,
     "s_last_top": 21,  # top of the last tile's iteration
     "s_last_scored": 20,  # the last tile's scores done
+    "s_cw": 22,  # sender: the cluster barrier waited (the partner's mbarrier is ready)
+    "s_put": 23,  # sender: its half and lse stored to the partner, before the signal
+    "s_stats": 24,  # first warpgroup: 1/l and lse computed (after the loop)
+    "s_pe": 25,  # first warpgroup: the second is past the last tile's p.v (p_empty)
+    "o_pf": 26,  # second warpgroup: 1/l and lse handed over (p_full)
+    "o_cw": 30,
+    "o_put": 31,
 }
 
 _STAMP_FN = '''
@@ -123,17 +137,6 @@ _ST_ASYNC_ASM = '''    _XCHG_INIT_TX_ASM: gl.constexpr = gl.constexpr(
 
 '''
 
-_SEND = '''                gl.inline_asm_elementwise(
-                    _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [out, off, ones],
-                    dtype=gl.int32, is_pure=False, pack=4,
-                )  # fmt: skip
-                gl.inline_asm_elementwise(
-                    _XCHG_PUT_ASM, "=r,f,r", [lse2, off_l], dtype=gl.int32, is_pure=False,
-                    pack=1,
-                )  # fmt: skip
-                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
-'''
-
 
 def _span(src: str, fn: str | None) -> tuple[int, int]:
     if fn is None:
@@ -159,10 +162,14 @@ def _before_fn(src: str, fn: str, text: str) -> str:
     return _sub(src, None, head, text + head)
 
 
+# Slots written in _sm90_kv1_finish, which both warpgroups run: s_* + 8 * HALF.
+_PER_HALF = ("s_xchg", "s_end", "s_merged", "s_fin", "s_cw", "s_put")
+
+
 def _stamp(slot: str, indent: int, cond: str = "") -> str:
     pad = " " * indent
     call = f"_stamp(po_ptr, t, sp, {SLOTS[slot]})"
-    if slot.startswith(("s_xchg", "s_end", "s_merged")):  # per warpgroup HALF in finish
+    if slot in _PER_HALF:  # per warpgroup HALF in finish
         call = f"_stamp(po_ptr, t, sp, {SLOTS[slot]} + 8 * HALF)"
     return f"{pad}if {cond}:\n{pad}    {call}\n" if cond else f"{pad}{call}\n"
 
@@ -183,14 +190,23 @@ def stamps(src: str) -> str:
     )  # fmt: skip
     end = "        l_i = gl.sum(l_part, 0)\n"
     src = _sub(src, f, end, _stamp("s_loop", 8) + end)
+    pe = "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read\n"
+    pe = " " * 8 + pe
+    src = _sub(src, f, pe, _stamp("s_stats", 8) + pe + _stamp("s_pe", 8))
     f = "_sm90_kv1_o_wg"
     n = "        n_tiles = gl.cdiv(end - start, BLOCK_N)\n"
     src = _sub(src, f, n, n + _stamp("o_start", 8))
     p0 = "            mbarrier.wait(p_full, i & 1)\n"
     src = _sub(src, f, p0, p0 + _stamp("o_p0", 12, "i == 0"))
     last = "        mbarrier.wait(p_full, n_tiles & 1)\n"
-    src = _sub(src, f, last, _stamp("o_loop", 8) + last)
+    src = _sub(src, f, last, _stamp("o_loop", 8) + last + _stamp("o_pf", 8))
     f = "_sm90_kv1_finish"  # slots s_* + 8 * HALF: the o_* slots for the second warpgroup
+    c0 = "        c0: gl.constexpr = HALF * (DV // 2)\n"
+    src = _sub(src, f, c0, c0 + _stamp("s_fin", 8))
+    cw = " " * 16 + "_sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
+    src = _sub(src, f, cw, cw + _stamp("s_cw", 16))
+    sig = "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
+    src = _sub(src, f, sig, _stamp("s_put", 16) + sig)
     for asm in ("_XCHG_SIGNAL_ASM", "_XCHG_WAIT_ASM"):
         anchor = f"_sm90_per_thread({asm}, 4)\n"
         src = _sub(src, f, anchor, anchor + _stamp("s_xchg", 16))
@@ -267,17 +283,61 @@ def st_async(src: str) -> str:
         "                    dtype=gl.int32, is_pure=False, pack=1,\n"
         "                )\n",
     )  # fmt: skip
-    send = _SEND.replace("_XCHG_PUT4_ASM", "_XCHG_PUT4A_ASM")
-    send = send.replace("_XCHG_PUT_ASM", "_XCHG_PUTA_ASM")
-    send = send.replace("                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "")
-    return _sub(src, "_sm90_kv1_finish", _SEND, send)
+    f = "_sm90_kv1_finish"  # one anchor at a time: 'stamps' puts a stamp between them
+    src = _sub(src, f, "_XCHG_PUT4_ASM, ", "_XCHG_PUT4A_ASM, ")
+    src = _sub(src, f, "_XCHG_PUT_ASM, ", "_XCHG_PUTA_ASM, ")
+    return _sub(src, f, "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "")
+
+
+# The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
+def t_noq(src: str) -> str:
+    """Ablation: the Triton split kernel loads no q (its MMAs run on zeros)."""
+    for part in ("offs_c[None, :]", "DV + offs_r[None, :]"):
+        old = f"    q_c = tl.load(q_rows + {part}, mask=mask_h[:, None], other=0.0)\n"
+        if part != "offs_c[None, :]":
+            old = old.replace("q_c =", "q_pe =")
+        src = _sub(src, None, old, old.replace("mask_h[:, None]", "(offs_h < 0)[:, None]"))
+    return src
+
+
+def t_nostore(src: str) -> str:
+    """Ablation: the Triton split kernel stores no partial o (the lse still goes)."""
+    old = "tl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])"
+    return _sub(src, None, old, old.replace("mask_h[:, None]", "(offs_h < 0)[:, None]"))
+
+
+def t_nokv(src: str) -> str:
+    """Ablation: the Triton split kernel reads its slots but gathers no KV row."""
+    old = "kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)"
+    src = _sub(src, None, old, old.replace("valid[:, None]", "(slot < 0)[:, None]"))
+    old = "kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)"
+    return _sub(src, None, old, old.replace("valid[:, None]", "(slot < 0)[:, None]"))
+
+
+def t_nomerge(src: str) -> str:
+    """Ablation: split-K partials are left unmerged (no merge kernel launched)."""
+    old = "    if not direct and not cluster:\n        block_s = "
+    return _sub(src, None, old, old.replace("not direct and not cluster", "False"))
+
+
+def t_p16(src: str) -> str:
+    """The Triton build's split-K partial o in bf16 (half the bytes written and merged)."""
+    old = "        po = workspace[:n_po]\n"
+    new = (
+        "        po = workspace[:n_po]\n"
+        "        if not cfg.gluon:\n"
+        "            po = workspace[: n_po // 2].view(torch.bfloat16)\n"
+    )
+    return _sub(src, None, old, new)
 
 
 VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
     "bf16x": bf16x, "st_async": st_async,
+    "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
+    "t_p16": t_p16,
 }  # fmt: skip
-WRONG_RESULTS = {"noq", "nostore", "noxfer", "erel"}
+WRONG_RESULTS = {"noq", "nostore", "noxfer", "erel", "t_noq", "t_nostore", "t_nokv", "t_nomerge"}
 
 
 def source(name: str) -> str:
@@ -295,14 +355,23 @@ def source(name: str) -> str:
 _DIR = Path(tempfile.gettempdir()) / "sparse_mla_variants"
 
 
-def load(name: str) -> ModuleType:
-    """Import the patched source as a module of its own (Gluon reads the file back)."""
+def load_file(path: Path) -> ModuleType:
+    """Import another copy of the kernel module from a file (e.g. an earlier revision's,
+    `git show REV:patches/vllm/files/vllm/v1/attention/ops/triton_sparse_mla.py`)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel file {path} does not exist")
+    return load("file_" + "".join(c if c.isalnum() else "_" for c in path.stem), path.read_text())
+
+
+def load(name: str, text: str | None = None) -> ModuleType:
+    """Import the patched source (or `text`) as a module of its own (Gluon reads the
+    file back)."""
     modname = "sparse_mla_" + name.replace("+", "_")
     if modname in sys.modules:
         return sys.modules[modname]
     _DIR.mkdir(parents=True, exist_ok=True)
     path = _DIR / f"{modname}.py"
-    path.write_text(source(name))
+    path.write_text(source(name) if text is None else text)
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -5,9 +5,11 @@ timed interleaved over rounds (order rotated, as ab_sparse_mla.py does), and the
 difference of each from the unpatched build is printed. Then the 'stamps' build is
 replayed once more and the globaltimer stamps its CTAs wrote in the replay's last call
 are printed per phase (min, p10, median, p90, max over the CTAs, us). Cells must use the
-KV-major s_by_one path: 8-32 heads, 32-128 tokens. GPU machine only:
+KV-major s_by_one path (8-32 heads, 32-128 tokens), or be a lone token of 1-16 heads (the
+Triton build: the t_* ablations, no stamps). GPU machine only:
 
   python3 bench/kernels/phase_stamps.py --cells 32x64 8x64 --variants noq nostore noxfer
+  python3 bench/kernels/phase_stamps.py --cells 16x1 8x1 --variants t_noq t_nostore t_nomerge
 """
 
 from __future__ import annotations
@@ -24,6 +26,24 @@ import kernel_variants  # noqa: E402
 from ab_sparse_mla import parse_cell  # noqa: E402
 
 CLUSTER_ONLY = {"noxfer", "bf16x", "st_async"}
+
+
+def kv_major(h: int, t: int) -> bool:
+    return 8 <= h <= 32 and 32 <= t <= 128
+
+
+def lone(h: int, t: int) -> bool:
+    """A lone token of 1-16 heads: the Triton h16_n16 build, the t_* variants' target."""
+    return t == 1 and h <= 16
+
+
+def applies(name: str, h: int, t: int, cluster: bool) -> bool:
+    parts = [p for p in name.split("+") if p != "base"]
+    if lone(h, t):
+        return all(p.startswith("t_") for p in parts)
+    if not cluster and any(p in CLUSTER_ONLY for p in parts):
+        return False
+    return not any(p.startswith("t_") for p in parts)
 
 
 def phases(words: np.ndarray, cluster: bool, n_tiles: int) -> list[tuple[str, np.ndarray]]:
@@ -50,6 +70,9 @@ def phases(words: np.ndarray, cluster: bool, n_tiles: int) -> list[tuple[str, np
         ("last tile: softmax .. p.v", r["s_loop"] - r["s_last_scored"]),
         ("loop end, first warpgroup", r["s_loop"]),
         ("loop end, second warpgroup", r["o_loop"]),
+        ("first wg: loop end -> 1/l and lse computed", r["s_stats"] - r["s_loop"]),
+        ("first wg: -> second wg past its last p.v", r["s_pe"] - r["s_stats"]),
+        ("second wg: loop end -> 1/l and lse in", r["o_pf"] - r["o_loop"]),
         ("finish, first warpgroup", r["s_end"] - r["s_loop"]),
         ("finish, second warpgroup", r["o_end"] - r["o_loop"]),
         ("end", np.maximum(r["s_end"], r["o_end"])),
@@ -57,9 +80,14 @@ def phases(words: np.ndarray, cluster: bool, n_tiles: int) -> list[tuple[str, np
     if cluster:  # split s keeps warpgroup s's half of o; the other warpgroup sends
         for wg, keeper in (("s", split == 0), ("o", split == 1)):
             xchg = r[f"{wg}_xchg"] - r[f"{wg}_loop"]
+            fin, cw, put = (r[f"{wg}_{k}"] for k in ("fin", "cw", "put"))
             rows += [
                 (f"{wg} keeper: loop end -> partner's half in", xchg[keeper]),
                 (f"{wg} sender: loop end -> sent", xchg[~keeper]),
+                (f"{wg} sender: loop end -> finish entered", (fin - r[f"{wg}_loop"])[~keeper]),
+                (f"{wg} sender: finish -> partner ready", (cw - fin)[~keeper]),
+                (f"{wg} sender: partner ready -> stored", (put - cw)[~keeper]),
+                (f"{wg} sender: stored -> signalled", (r[f"{wg}_xchg"] - put)[~keeper]),
                 (f"{wg} keeper: in -> merged", (r[f"{wg}_merged"] - r[f"{wg}_xchg"])[keeper]),
                 (f"{wg} keeper: merged -> stored", (r[f"{wg}_end"] - r[f"{wg}_merged"])[keeper]),
             ]
@@ -79,20 +107,30 @@ def main() -> int:
     ap.add_argument("--cells", nargs="+", type=parse_cell, required=True)
     ap.add_argument("--variants", nargs="*", default=["noq", "nostore", "noxfer"])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--stamps-on", default="", metavar="VARIANT",
+                    help="stamp this variant instead of the unpatched build")  # fmt: skip
+    ap.add_argument("--save", type=Path, metavar="DIR",
+                    help="also write each cell's raw stamps to DIR/stamps_HxT.npy")  # fmt: skip
     args = ap.parse_args()
-    unknown = [v for v in args.variants for p in v.split("+") if p not in kernel_variants.VARIANTS]
+    every = [*args.variants, *([args.stamps_on] if args.stamps_on else [])]
+    unknown = [v for v in every for p in v.split("+") if p not in kernel_variants.VARIANTS]
     if unknown:
         ap.error(f"unknown variant(s) {unknown}; known: {', '.join(kernel_variants.VARIANTS)}")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    bad = [f"{h}x{t}" for h, t in args.cells if not (8 <= h <= 32 and 32 <= t <= 128)]
+    bad = [f"{h}x{t}" for h, t in args.cells if not (kv_major(h, t) or lone(h, t))]
     if bad:
-        ap.error(f"cell(s) {bad}: the KV-major s_by_one path runs 8-32 heads at 32-128 tokens")
+        ap.error(
+            f"cell(s) {bad}: these tools cover the KV-major s_by_one path (8-32 heads at"
+            " 32-128 tokens) and the lone token's Triton build (1-16 heads at 1 token)"
+        )
 
     import bench_sparse_mla as bench
     import torch  # after the argument checks: they run without a GPU
 
-    names = ["base", *dict.fromkeys([*args.variants, "stamps"])]
+    stamp = any(kv_major(h, t) for h, t in args.cells)  # lone tokens are not stamped
+    stamps = "+".join(["stamps", *([args.stamps_on] if args.stamps_on else [])])
+    names = ["base", *dict.fromkeys([*args.variants, *([stamps] if stamp else [])])]
     mods = {n: kernel_variants.load(n) for n in names}
     torch.manual_seed(0)
     l2 = bench.l2_bytes(torch.cuda.get_device_properties(0))
@@ -100,20 +138,25 @@ def main() -> int:
     info = mods["base"]._device_info(kv.device)
     for h, t in args.cells:
         cfg = mods["base"].pick_config(t, h, info)
-        if not (cfg.gluon and cfg.s_by_one and not cfg.head_major):
+        stamped = cfg.gluon and cfg.s_by_one and not cfg.head_major
+        if not stamped and not lone(h, t):
             print(f"{h}x{t}: the launch choice here is not KV-major s_by_one; skipped")
             continue
-        splits = mods["base"].pick_num_splits(t, 1, bench.TOPK, 64, info.num_sms, cfg.per_sm)
+        nhb = -(-h // cfg.block_h)
+        splits = mods["base"].pick_num_splits(
+            t, nhb, bench.TOPK, cfg.block_n, info.num_sms, cfg.per_sm
+        )
         cluster = splits == 2 and cfg.cluster_merge
+        ws_numel = max(1 << 20, mods["base"].max_workspace_numel(t, h, bench.TOPK, kv.device))
         n_sets = bench.index_sets(t, l2)
         calls = bench.calls_per_replay(t, n_sets)
         case = bench.Case(h, t, kv, None, n_sets)
         ref = case.reference()
         fns, ws = {}, {}
         for n in names:
-            if not cluster and any(p in CLUSTER_ONLY for p in n.split("+")):
+            if not applies(n, h, t, cluster) or (n == stamps and not stamped):
                 continue
-            w = torch.zeros(1 << 20, device="cuda", dtype=torch.float32)
+            w = torch.zeros(ws_numel, device="cuda", dtype=torch.float32)
             out, lse = torch.empty_like(case.out), torch.empty_like(case.lse)
             fns[n] = [
                 lambda i=i, m=mods[n], c=case, w=w, out=out, lse=lse: m.sparse_mla_fwd(
@@ -143,11 +186,17 @@ def main() -> int:
         for n in order:
             runs = " ".join(f"{x:.1f}" for x in times[n])
             print(f"  {n:18s} {med[n]:8.2f} {med[n] - med['base']:+7.2f}   [{runs}]", flush=True)
-        bench.time_fn(fns["stamps"], calls=calls, reps=1)
+        if not stamped:
+            del case
+            continue
+        bench.time_fn(fns[stamps], calls=calls, reps=1)
         torch.cuda.synchronize()
-        words = ws["stamps"][: t * 2 * kernel_variants.STAMP_WORDS].view(torch.int32)
+        words = ws[stamps][: t * 2 * kernel_variants.STAMP_WORDS].view(torch.int32)
         words = words.view(t * 2, kernel_variants.STAMP_WORDS).cpu().numpy()
-        print(f"  stamps, the last call of a replay ({bench.TOPK // splits // 64} tiles a CTA):")
+        if args.save is not None:
+            args.save.mkdir(parents=True, exist_ok=True)
+            np.save(args.save / f"stamps_{h}x{t}.npy", words)
+        print(f"  {stamps}, the last call of a replay ({bench.TOPK // splits // 64} tiles a CTA):")
         print_phases(phases(words, cluster, bench.TOPK // splits // 64))
         del case
     return 0

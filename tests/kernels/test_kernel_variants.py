@@ -27,14 +27,15 @@ def test_variant_patches_apply_and_parse(name: str) -> None:
 
 def test_stamps_write_every_slot_once() -> None:
     src = kernel_variants.source("stamps")
+    per_half = kernel_variants._PER_HALF
     direct = {v for k, v in kernel_variants.SLOTS.items() if k[0] == "s" and v < 8 and k not in
-              ("s_xchg", "s_end", "s_merged")}  # fmt: skip
+              per_half}  # fmt: skip
     for slot in direct:
         assert src.count(f"_stamp(po_ptr, t, sp, {slot})") == 1, slot
-    for slot in ("s_xchg", "s_end", "s_merged"):
+    for slot in per_half:
         n = 2 if slot == "s_xchg" else 1  # sender and keeper
         assert src.count(f"_stamp(po_ptr, t, sp, {kernel_variants.SLOTS[slot]} + 8 * HALF)") == n
-    for slot in ("o_start", "o_p0", "o_loop", "s_last_top", "s_last_scored"):
+    for slot in ("o_start", "o_p0", "o_loop", "o_pf", "s_last_top", "s_last_scored"):
         assert src.count(f"_stamp(po_ptr, t, sp, {kernel_variants.SLOTS[slot]})") == 1, slot
 
 
@@ -61,6 +62,9 @@ def test_phases_from_stamps() -> None:
         for wg in ("s", "o"):
             words[row, s[f"{wg}_loop"]] = words[row, s["s_loop"]]
             words[row, s[f"{wg}_xchg"]] = words[row, s["s_loop"]] + 2500
+            words[row, s[f"{wg}_fin"]] = words[row, s["s_loop"]] + 300
+            words[row, s[f"{wg}_cw"]] = words[row, s["s_loop"]] + 400
+            words[row, s[f"{wg}_put"]] = words[row, s["s_loop"]] + 1900
             words[row, s[f"{wg}_merged"]] = words[row, s[f"{wg}_xchg"]] + 800
             words[row, s[f"{wg}_end"]] = words[row, s[f"{wg}_merged"]] + 400
     words = (words % 2**32).astype(np.uint32).view(np.int32)  # as the kernel writes them
@@ -70,6 +74,9 @@ def test_phases_from_stamps() -> None:
     assert np.allclose(rows["last tile: softmax .. p.v"], 0.9)
     merged = rows["s keeper: in -> merged"]
     assert np.allclose(merged, 0.8) and len(merged) == 2
+    for k, v in (("loop end -> finish entered", 0.3), ("finish -> partner ready", 0.1),
+                 ("partner ready -> stored", 1.5), ("stored -> signalled", 0.6)):
+        assert np.allclose(rows[f"o sender: {k}"], v), k
     assert np.allclose(rows["pair's loop ends apart"], 0.1)
     one = dict(phase_stamps.phases(words, cluster=False, n_tiles=16))
     assert len(one["start"]) == 2 and "pair's loop ends apart" not in one
@@ -86,7 +93,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     "args,message",
     [
         (["--cells", "32x64", "--variants", "nope"], "unknown variant(s) ['nope']"),
-        (["--cells", "64x64"], "cell(s) ['64x64']: the KV-major s_by_one path"),
+        (["--cells", "64x64"], "cell(s) ['64x64']: these tools cover the KV-major s_by_one"),
+        (["--cells", "32x1"], "cell(s) ['32x1']: these tools cover"),
         (["--cells", "8x0"], "cell '8x0': heads and tokens must be >= 1"),
         (["--cells", "8x64", "--rounds", "0"], "--rounds must be >= 1"),
     ],
