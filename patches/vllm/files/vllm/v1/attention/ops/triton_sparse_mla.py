@@ -324,6 +324,24 @@ def _sparse_mla_split_kernel(
 
 if _HAS_GLUON:
 
+    # Per-head log2 and 1/x at the end of a program (lse, 1/l, the cluster merge's
+    # weights) as one MUFU instruction each: gl.log2 compiles to a ~12-FMA software log2
+    # and x / y to a full-range division, which at 32 heads (8 heads a thread) took
+    # ~0.3 us before the first warpgroup's 1/l hand-over and ~0.45 us in the cluster
+    # merge (H200, notes variant 63). lg2.approx is within 2^-22 and rcp.approx within
+    # 1 ulp; the inputs are >= 1 (a row's largest term is exp2(0)) or masked to 1.
+    @gluon.jit
+    def _lg2_approx(x):
+        return gl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
+        )
+
+    @gluon.jit
+    def _rcp_approx(x):
+        return gl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
+        )
+
     @gluon.jit
     def _sm90_issue_tile(
         kv_buf,
@@ -800,9 +818,11 @@ if _HAS_GLUON:
         w_me = gl.exp2(lse_me - m_use)
         w_other = gl.exp2(lse_other - m_use)
         den = w_me + w_other
-        inv_den = 1.0 / gl.where(den > 0.0, den, 1.0)
+        inv_den = _rcp_approx(gl.where(den > 0.0, den, 1.0))
         o = out * (w_me * inv_den)[None, :] + o_other * (w_other * inv_den)[None, :]
-        lse_tot = gl.where(den > 0.0, m_use + gl.log2(gl.where(den > 0.0, den, 1.0)), float("-inf"))
+        lse_tot = gl.where(
+            den > 0.0, m_use + _lg2_approx(gl.where(den > 0.0, den, 1.0)), float("-inf")
+        )
         return o, lse_tot
 
     @gluon.jit
@@ -932,8 +952,10 @@ if _HAS_GLUON:
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
         has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(1, O_LAYOUT))
+        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
+        inv = gl.convert_layout(
+            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(1, O_LAYOUT)
+        )
         mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
         alpha_smem.store(inv)
         gl.thread_barrier()
@@ -1054,8 +1076,10 @@ if _HAS_GLUON:
             m_i = m_new
         l_i = gl.sum(l_part, 0)
         has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(0, O_LAYOUT))
+        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
+        inv = gl.convert_layout(
+            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(0, O_LAYOUT)
+        )
         lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
         mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
         alpha_smem.store(inv)
@@ -1211,9 +1235,11 @@ if _HAS_GLUON:
         else:
             l_i = l_part
         has = l_i > 0.0
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
         offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
-        inv = gl.convert_layout(v_scale / gl.where(has, l_i, 1.0), gl.SliceLayout(ROWS, O_LAYOUT))
+        inv = gl.convert_layout(
+            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(ROWS, O_LAYOUT)
+        )
         if HEAD_MAJOR:
             st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
             out = gl.convert_layout(acc * inv[:, None], st_layout)
