@@ -13,7 +13,6 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   noxfer    ablation (wrong results): the cluster sender stores nothing (signal, wait stay)
   erel      ablation (wrong results): each warpgroup releases a KV buffer before its p.v
   bf16x     the cluster exchange in bf16 (8 bytes a 4-register group instead of 16)
-  st_async  the cluster exchange as st.async, counted by the keeper's mbarrier (no fence)
   no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
@@ -23,7 +22,7 @@ The t_* ablations touch the Triton split kernel (the lone token at 8-16 heads) a
   t_nokv    no KV row gathered   t_nomerge  no merge kernel
   t_p16     (not an ablation) the partial o in bf16
 
-Variants combine with '+', applied left to right: e.g. 'stamps+st_async'.
+Variants combine with '+', applied left to right: e.g. 'stamps+bf16x'.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ SLOTS = {
     "s_q": 1,  # q in shared memory
     "s_tile0": 2,  # tile 0's scores done (its gather landed)
     "s_loop": 3,  # after the last tile's p.v
-    "s_xchg": 4,  # sender: stores issued / signalled; keeper: partner's half arrived
+    "s_xchg": 4,  # keeper: the partner's half and lse arrived
     "s_end": 5,  # after the store
     "s_merged": 6,  # keeper: merged
     "s_fin": 7,  # finish entered (the second warpgroup: 1/l and lse handed over)
@@ -60,13 +59,15 @@ SLOTS = {
     "o_fin": 15,
     "s_last_top": 21,  # top of the last tile's iteration
     "s_last_scored": 20,  # the last tile's scores done
-    "s_cw": 22,  # sender: the cluster barrier waited (the partner's mbarrier is ready)
-    "s_put": 23,  # sender: its half and lse stored to the partner, before the signal
+    "s_cw": 22,  # after the loop: the cluster barrier waited (the partner's mbarrier is ready)
+    "s_put": 23,  # sender: its half of o stored to the partner
     "s_stats": 24,  # first warpgroup: 1/l and lse computed (after the loop)
     "s_pe": 25,  # first warpgroup: the second is past the last tile's p.v (p_empty)
     "o_pf": 26,  # second warpgroup: 1/l and lse handed over (p_full)
     "o_cw": 30,
     "o_put": 31,
+    "s_sent": 27,  # first warpgroup: its sends signalled (lse and 1/l, and in split 1 o)
+    "o_sent": 28,  # second warpgroup (split 0): its half signalled
 }
 
 _STAMP_FN = '''
@@ -103,41 +104,6 @@ _BF16X_ASM = '''    _XCHG_PUT4H_ASM: gl.constexpr = gl.constexpr(
 
 '''
 
-# The keeper's barrier counts bytes (one arrival, its own expect_tx at init, before the
-# cluster barrier the senders wait on); each st.async completes its bytes on it.
-_ST_ASYNC_ASM = '''    _XCHG_INIT_TX_ASM: gl.constexpr = gl.constexpr(
-        f".shared .align 1024 .b8 sparse_mla_xchg[{_XCHG_BYTES}];\\n"
-        "{ .reg .pred p; .reg .u32 a;\\n"
-        " setp.eq.u32 p, $1, 0;\\n"
-        " mov.u32 a, sparse_mla_xchg;\\n"
-        " @p mbarrier.init.shared::cta.b64 [a], 1;\\n"
-        " @p mbarrier.arrive.expect_tx.shared::cta.b64 _, [a], $2;\\n"
-        " @p fence.mbarrier_init.release.cluster;\\n"
-        " barrier.cluster.arrive.release;\\n"
-        " mov.u32 $0, 0; }"
-    )
-    _XCHG_PUT4A_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .pred p; .reg .u32 a, m, r;\\n"
-        " setp.ne.s32 p, $12, 0;\\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8; mapa.shared::cluster.u32 a, a, r;\\n"
-        " mov.u32 m, sparse_mla_xchg; mapa.shared::cluster.u32 m, m, r;\\n"
-        " @p st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"
-        " [a], {$4, $5, $6, $7}, [m];\\n"
-        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
-    )
-    _XCHG_PUTA_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .u32 a, m, r;\\n"
-        " mov.u32 r, %cluster_ctarank; xor.b32 r, r, 1;\\n"
-        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2; mapa.shared::cluster.u32 a, a, r;\\n"
-        " mov.u32 m, sparse_mla_xchg; mapa.shared::cluster.u32 m, m, r;\\n"
-        " st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [a], $1, [m];\\n"
-        " mov.u32 $0, 0; }"
-    )
-
-'''
-
-
 def _span(src: str, fn: str | None) -> tuple[int, int]:
     if fn is None:
         return 0, len(src)
@@ -163,7 +129,7 @@ def _before_fn(src: str, fn: str, text: str) -> str:
 
 
 # Slots written in _sm90_kv1_finish, which both warpgroups run: s_* + 8 * HALF.
-_PER_HALF = ("s_xchg", "s_end", "s_merged", "s_fin", "s_cw", "s_put")
+_PER_HALF = ("s_xchg", "s_end", "s_merged", "s_fin")
 
 
 def _stamp(slot: str, indent: int, cond: str = "") -> str:
@@ -188,30 +154,44 @@ def stamps(src: str) -> str:
         src, f, scored,
         scored + _stamp("s_tile0", 12, "i == 0") + _stamp("s_last_scored", 12, "i == n_tiles - 1"),
     )  # fmt: skip
-    end = "        l_i = gl.sum(l_part, 0)\n"
+    # After the loop (cluster_merge): split 1's first warpgroup sends its half at once,
+    # and the first warpgroup of both splits sends lse and 1/l; the keeper's stamps are
+    # in _sm90_kv1_finish (s_* + 8 * HALF), written after these where both run.
+    end = "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes"
     src = _sub(src, f, end, _stamp("s_loop", 8) + end)
+    cw = "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n"
+    src = _sub(src, f, cw, cw + _stamp("s_cw", 12))
+    half = "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
+    src = _sub(src, f, half, half + _stamp("s_put", 16))
+    stats = "        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))\n"
+    src = _sub(src, f, stats, stats + _stamp("s_stats", 8))
     pe = "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read\n"
-    pe = " " * 8 + pe
-    src = _sub(src, f, pe, _stamp("s_stats", 8) + pe + _stamp("s_pe", 8))
+    pe = " " * 12 + pe
+    src = _sub(src, f, pe, pe + _stamp("s_pe", 12))
+    sig = "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
+    src = _sub(src, f, sig, sig + _stamp("s_sent", 12))
     f = "_sm90_kv1_o_wg"
     n = "        n_tiles = gl.cdiv(end - start, BLOCK_N)\n"
     src = _sub(src, f, n, n + _stamp("o_start", 8))
     p0 = "            mbarrier.wait(p_full, i & 1)\n"
     src = _sub(src, f, p0, p0 + _stamp("o_p0", 12, "i == 0"))
-    last = "        mbarrier.wait(p_full, n_tiles & 1)\n"
-    src = _sub(src, f, last, _stamp("o_loop", 8) + last + _stamp("o_pf", 8))
+    end = "        if CLUSTER2 and sp == 0:  # split 0 keeps the first half"
+    src = _sub(src, f, end, _stamp("o_loop", 8) + end)
+    cw = "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
+    src = _sub(src, f, cw, cw + _stamp("o_cw", 12))
+    half = "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
+    src = _sub(src, f, half, half + _stamp("o_put", 12))
+    sig = "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
+    src = _sub(src, f, sig, sig + _stamp("o_sent", 12))
+    last = "            mbarrier.wait(p_full, n_tiles & 1)\n"
+    src = _sub(src, f, last, last + _stamp("o_pf", 12))
     f = "_sm90_kv1_finish"  # slots s_* + 8 * HALF: the o_* slots for the second warpgroup
     c0 = "        c0: gl.constexpr = HALF * (DV // 2)\n"
     src = _sub(src, f, c0, c0 + _stamp("s_fin", 8))
-    cw = " " * 16 + "_sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
-    src = _sub(src, f, cw, cw + _stamp("s_cw", 16))
-    sig = "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
-    src = _sub(src, f, sig, _stamp("s_put", 16) + sig)
-    for asm in ("_XCHG_SIGNAL_ASM", "_XCHG_WAIT_ASM"):
-        anchor = f"_sm90_per_thread({asm}, 4)\n"
-        src = _sub(src, f, anchor, anchor + _stamp("s_xchg", 16))
-    merged = "o, lse_tot = _sm90_merge2(out, o_other, lse2, lse_other)\n"
-    src = _sub(src, f, merged, merged + _stamp("s_merged", 16))
+    wait = "            _sm90_per_thread(_XCHG_WAIT_ASM, 4)\n"
+    src = _sub(src, f, wait, wait + _stamp("s_xchg", 12))
+    merged = "o, lse_tot = _sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)\n"
+    src = _sub(src, f, merged, merged + _stamp("s_merged", 12))
     a, b = _span(src, f)
     src = src[:a] + src[a:b].rstrip("\n") + "\n" + _stamp("s_end", 8) + "\n" + src[b:]
     # Stamps go to the workspace, which the direct and cluster paths leave unused.
@@ -235,7 +215,8 @@ def nostore(src: str) -> str:
 
 
 def noxfer(src: str) -> str:
-    return _sub(src, "_sm90_kv1_finish", "[out, off, ones]", "[out, off, ones * 0]")
+    f = "_sm90_kv1_send_half"
+    return _sub(src, f, "[acc, off, gl.full_like(off, 1)]", "[acc, off, gl.full_like(off, 0)]")
 
 
 def erel(src: str) -> str:
@@ -254,39 +235,15 @@ def erel(src: str) -> str:
 
 def bf16x(src: str) -> str:
     src = _before_fn(src, "_sm90_per_thread", _BF16X_ASM)
-    f = "_sm90_kv1_finish"
+    f = "_sm90_kv1_xchg_offsets"
     src = _sub(src, f, "+ heads // 8) * 32 + lane) * 16", "+ heads // 8) * 32 + lane) * 8")
-    src = _sub(src, f, "_XCHG_PUT4_ASM, ", "_XCHG_PUT4H_ASM, ")
-    get = '''                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, ones],
-                    dtype=gl.float32, is_pure=False, pack=4,
-                )  # fmt: skip'''
-    return _sub(src, f, get, '''                    _XCHG_GET4H_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r",
-                    [off, ones],
-                    dtype=gl.int32, is_pure=False, pack=4,
-                ).to(gl.float32, bitcast=True)  # fmt: skip''')
-
-
-def st_async(src: str) -> str:
-    src = _before_fn(src, "_sm90_per_thread", _ST_ASYNC_ASM)
-    # Bytes the keeper's barrier waits for: its half of oT in fp32, and the lse as every
-    # thread holds it in the accumulator's column slice (BLOCK_H / 4 values a thread).
-    src = _sub(
-        src, "_sparse_mla_split_kernel_sm90",
-        "                _sm90_per_thread(_XCHG_INIT_WG_ASM, NUM_WARPS)\n",
-        "                _tid = gl.arange(\n"
-        "                    0, NUM_WARPS * 32,\n"
-        "                    layout=gl.BlockedLayout([1], [32], [NUM_WARPS], [0]),\n"
-        "                )\n"
-        "                gl.inline_asm_elementwise(\n"
-        "                    _XCHG_INIT_TX_ASM, \"=r,r,r\",\n"
-        "                    [_tid, gl.full_like(_tid, BLOCK_H * (DV // 2) * 4 + BLOCK_H * 128)],\n"
-        "                    dtype=gl.int32, is_pure=False, pack=1,\n"
-        "                )\n",
-    )  # fmt: skip
-    f = "_sm90_kv1_finish"  # one anchor at a time: 'stamps' puts a stamp between them
-    src = _sub(src, f, "_XCHG_PUT4_ASM, ", "_XCHG_PUT4A_ASM, ")
-    src = _sub(src, f, "_XCHG_PUT_ASM, ", "_XCHG_PUTA_ASM, ")
-    return _sub(src, f, "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "")
+    src = _sub(src, "_sm90_kv1_send_half", "_XCHG_PUT4_ASM, ", "_XCHG_PUT4H_ASM, ")
+    get = '_XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],\n'
+    get += " " * 16 + "dtype=gl.float32, is_pure=False, pack=4,\n" + " " * 12 + ")  # fmt: skip"
+    new = '_XCHG_GET4H_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],\n'
+    new += " " * 16 + "dtype=gl.int32, is_pure=False, pack=4,\n"
+    new += " " * 12 + ").to(gl.float32, bitcast=True)  # fmt: skip"
+    return _sub(src, "_sm90_kv1_finish", get, new)
 
 
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
@@ -333,7 +290,7 @@ def t_p16(src: str) -> str:
 
 VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
-    "bf16x": bf16x, "st_async": st_async,
+    "bf16x": bf16x,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
     "t_p16": t_p16,
 }  # fmt: skip

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import kernel_variants  # noqa: E402
 from ab_sparse_mla import parse_cell  # noqa: E402
 
-CLUSTER_ONLY = {"noxfer", "bf16x", "st_async"}
+CLUSTER_ONLY = {"noxfer", "bf16x"}
 
 
 def kv_major(h: int, t: int) -> bool:
@@ -70,28 +70,43 @@ def phases(words: np.ndarray, cluster: bool, n_tiles: int) -> list[tuple[str, np
         ("last tile: softmax .. p.v", r["s_loop"] - r["s_last_scored"]),
         ("loop end, first warpgroup", r["s_loop"]),
         ("loop end, second warpgroup", r["o_loop"]),
-        ("first wg: loop end -> 1/l and lse computed", r["s_stats"] - r["s_loop"]),
-        ("first wg: -> second wg past its last p.v", r["s_pe"] - r["s_stats"]),
-        ("second wg: loop end -> 1/l and lse in", r["o_pf"] - r["o_loop"]),
-        ("finish, first warpgroup", r["s_end"] - r["s_loop"]),
-        ("finish, second warpgroup", r["o_end"] - r["o_loop"]),
-        ("end", np.maximum(r["s_end"], r["o_end"])),
     ]  # fmt: skip
-    if cluster:  # split s keeps warpgroup s's half of o; the other warpgroup sends
-        for wg, keeper in (("s", split == 0), ("o", split == 1)):
-            xchg = r[f"{wg}_xchg"] - r[f"{wg}_loop"]
-            fin, cw, put = (r[f"{wg}_{k}"] for k in ("fin", "cw", "put"))
-            rows += [
-                (f"{wg} keeper: loop end -> partner's half in", xchg[keeper]),
-                (f"{wg} sender: loop end -> sent", xchg[~keeper]),
-                (f"{wg} sender: loop end -> finish entered", (fin - r[f"{wg}_loop"])[~keeper]),
-                (f"{wg} sender: finish -> partner ready", (cw - fin)[~keeper]),
-                (f"{wg} sender: partner ready -> stored", (put - cw)[~keeper]),
-                (f"{wg} sender: stored -> signalled", (r[f"{wg}_xchg"] - put)[~keeper]),
-                (f"{wg} keeper: in -> merged", (r[f"{wg}_merged"] - r[f"{wg}_xchg"])[keeper]),
-                (f"{wg} keeper: merged -> stored", (r[f"{wg}_end"] - r[f"{wg}_merged"])[keeper]),
-            ]
-        rows.append(("pair's loop ends apart", np.abs(r["s_loop"][0::2] - r["s_loop"][1::2])))
+    if not cluster:  # one split: both warpgroups finish and store their halves
+        return rows + [
+            ("first wg: loop end -> 1/l and lse computed", r["s_stats"] - r["s_loop"]),
+            ("first wg: -> second wg past its last p.v", r["s_pe"] - r["s_stats"]),
+            ("second wg: loop end -> 1/l and lse in", r["o_pf"] - r["o_loop"]),
+            ("finish, first warpgroup", r["s_end"] - r["s_loop"]),
+            ("finish, second warpgroup", r["o_end"] - r["o_loop"]),
+            ("end", np.maximum(r["s_end"], r["o_end"])),
+        ]
+    # cluster_merge: split 0's first warpgroup keeps its half of o (and sends lse, 1/l),
+    # its second sends; split 1's first sends its half, lse and 1/l, its second keeps.
+    s0, s1 = split == 0, split == 1
+    rows += [
+        ("split 0, second wg: loop end -> o sent", (r["o_put"] - r["o_loop"])[s0]),
+        ("split 0, second wg: loop end -> signalled", (r["o_sent"] - r["o_loop"])[s0]),
+        ("split 0, first wg: loop end -> lse, 1/l computed", (r["s_stats"] - r["s_loop"])[s0]),
+        ("split 0, first wg: loop end -> signalled", (r["s_sent"] - r["s_loop"])[s0]),
+        ("split 1, first wg: loop end -> o sent", (r["s_put"] - r["s_loop"])[s1]),
+        ("split 1, first wg: o sent -> lse, 1/l computed", (r["s_stats"] - r["s_put"])[s1]),
+        ("split 1, first wg: loop end -> signalled", (r["s_sent"] - r["s_loop"])[s1]),
+        ("split 1, second wg: loop end -> 1/l in", (r["o_pf"] - r["o_loop"])[s1]),
+    ]  # fmt: skip
+    for wg, keeper in (("s", s0), ("o", s1)):
+        name = f"split {0 if wg == 's' else 1} keeper"
+        rows += [
+            (f"{name}: loop end -> partner's half in", (r[f"{wg}_xchg"] - r[f"{wg}_loop"])[keeper]),
+            (f"{name}: in -> merged", (r[f"{wg}_merged"] - r[f"{wg}_xchg"])[keeper]),
+            (f"{name}: merged -> stored", (r[f"{wg}_end"] - r[f"{wg}_merged"])[keeper]),
+        ]
+    end = np.where(s0, r["s_end"], r["o_end"])
+    rows += [
+        ("end", end),
+        ("pair's loop ends apart", np.abs(r["s_loop"][0::2] - r["s_loop"][1::2])),
+        ("pair: the later loop end -> the later end",
+         end.reshape(-1, 2).max(1) - np.maximum(r["s_loop"], r["o_loop"]).reshape(-1, 2).max(1)),
+    ]
     return rows
 
 

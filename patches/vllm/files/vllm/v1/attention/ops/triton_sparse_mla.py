@@ -56,9 +56,10 @@ D_QK = D_LATENT + D_ROPE
 # SM120 (RTX PRO 6000 Blackwell) and SM8x allow 99 KiB of shared memory a block.
 SMALL_SMEM_BYTES = 101376
 # cluster_merge's exchange buffer (static shared memory; its layout is in the kernel):
-# barrier and lse, then half of o for up to 32 heads, in whole KiB.
+# barrier and lse, then half of o for up to 32 heads, then 1/l, in whole KiB.
 _XCHG_DATA_BYTES = 16 + 4 * 32
-_XCHG_BYTES = -(-(_XCHG_DATA_BYTES + 32 * (D_LATENT // 2) * 4) // 1024) * 1024
+_XCHG_INV_BYTES = _XCHG_DATA_BYTES + 32 * (D_LATENT // 2) * 4
+_XCHG_BYTES = -(-(_XCHG_INV_BYTES + 4 * 32) // 1024) * 1024
 
 
 @dataclass(frozen=True)
@@ -724,6 +725,7 @@ if _HAS_GLUON:
     # number of KiB: Triton's dynamic shared memory follows it, and the wgmma tiles'
     # 128-byte swizzle needs 1 KiB-aligned buffers (every result was wrong without).
     _XCHG_DATA: gl.constexpr = gl.constexpr(_XCHG_DATA_BYTES)
+    _XCHG_INV: gl.constexpr = gl.constexpr(_XCHG_INV_BYTES)  # s_by_one: the partner's 1/l
     # Once a thread, MMA warps before the loop: declare the buffer, thread 0 initialises
     # the barrier, every thread arrives on the cluster barrier (waited before sending).
     def _xchg_init_asm(senders: int) -> str:
@@ -738,9 +740,9 @@ if _HAS_GLUON:
             " mov.u32 $0, 0; }"
         )
 
+    # 256 arrivals: the partner's two MMA warpgroups (s_by_one: one sends its half of o,
+    # the first sends lse and 1/l; where the first also sends the half it arrives twice).
     _XCHG_INIT_ASM: gl.constexpr = gl.constexpr(_xchg_init_asm(256))
-    # s_by_one: one warpgroup of the partner sends.
-    _XCHG_INIT_WG_ASM: gl.constexpr = gl.constexpr(_xchg_init_asm(128))
     # The producer warps' share of the cluster barrier (every thread of the cluster).
     _CLUSTER_ARRIVE_ASM: gl.constexpr = gl.constexpr(
         "barrier.cluster.arrive.release; mov.u32 $0, 0;"
@@ -770,13 +772,18 @@ if _HAS_GLUON:
         " st.shared::cluster.f32 [a], $1;\n"
         " mov.u32 $0, 0; }"
     )
-    # Each MMA thread arrives once on the partner's barrier, after its stores (release).
-    _XCHG_SIGNAL_ASM: gl.constexpr = gl.constexpr(
-        "{ .reg .u32 a;\n"
-        " mov.u32 a, sparse_mla_xchg;\n" + _TO_PARTNER +
-        " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n"
-        " mov.u32 $0, 0; }"
-    )
+    # Each MMA thread arrives on the partner's barrier after its stores (release): once,
+    # or for two sends at once.
+    def _xchg_signal_asm(count: int) -> str:
+        return (
+            "{ .reg .u32 a;\n"
+            " mov.u32 a, sparse_mla_xchg;\n" + _TO_PARTNER +
+            f" mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a], {count};\n"
+            " mov.u32 $0, 0; }"
+        )
+
+    _XCHG_SIGNAL_ASM: gl.constexpr = gl.constexpr(_xchg_signal_asm(1))
+    _XCHG_SIGNAL2_ASM: gl.constexpr = gl.constexpr(_xchg_signal_asm(2))
     # ... and waits on its own until the partner's 256 have arrived (acquire).
     _XCHG_WAIT_ASM: gl.constexpr = gl.constexpr(
         "{ .reg .pred done; .reg .u32 a;\n"
@@ -1074,6 +1081,10 @@ if _HAS_GLUON:
             acc = gl_wgmma_wait(0, deps=[o_tok])
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
+        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
+            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
+            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
+                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
         l_i = gl.sum(l_part, 0)
         has = l_i > 0.0
         lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
@@ -1081,16 +1092,25 @@ if _HAS_GLUON:
             v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(0, O_LAYOUT)
         )
         lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
-        mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
-        alpha_smem.store(inv)
-        lse_smem.store(lse2)
-        gl.thread_barrier()
-        mbarrier.arrive(p_full)
-        _sm90_kv1_finish(
-            acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
-            plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
-            DIRECT, CLUSTER2, q_smem.slice(0, DV // 2, 1),
-        )  # fmt: skip
+        if CLUSTER2:
+            _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)
+        if not CLUSTER2 or sp == 1:  # the second warpgroup keeps its half: hand 1/l over
+            mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
+            alpha_smem.store(inv)
+            lse_smem.store(lse2)
+            gl.thread_barrier()
+            mbarrier.arrive(p_full)
+        if CLUSTER2:  # after the hand-over, which overlaps the remote stores' drain
+            if sp == 1:
+                _sm90_per_thread(_XCHG_SIGNAL2_ASM, 4)
+            else:
+                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
+        if not CLUSTER2 or sp == 0:
+            _sm90_kv1_finish(
+                acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+                plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
+                DIRECT, CLUSTER2, q_smem.slice(0, DV // 2, 1),
+            )  # fmt: skip
 
     @gluon.jit
     def _sm90_kv1_o_wg(
@@ -1120,13 +1140,55 @@ if _HAS_GLUON:
             gl.thread_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
-        mbarrier.wait(p_full, n_tiles & 1)
-        inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
-        lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))
-        _sm90_kv1_finish(
-            acc * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
-            plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
-            DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
+        if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
+            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
+            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
+            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
+        else:
+            mbarrier.wait(p_full, n_tiles & 1)
+            inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
+            lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))
+            _sm90_kv1_finish(
+                acc * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+                plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
+                DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
+            )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_kv1_xchg_offsets(BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr):
+        """cluster_merge, s_by_one: byte offsets of a warpgroup's half of oT [DV/2, BLOCK_H]
+        in the exchange buffer. Sender and keeper are the same warpgroup of the two CTAs,
+        so the same layout: each 4-element register group (rows r and r + 8, two heads)
+        has its own 16-byte slot, and a warp's 32 lanes write 512 consecutive bytes."""
+        rows = gl.arange(0, DV // 2, layout=gl.SliceLayout(1, O_LAYOUT))[:, None]
+        heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_LAYOUT))[None, :]
+        lane = (rows % 8) * 4 + (heads % 8) // 2
+        return _XCHG_DATA + (((rows // 16) * (BLOCK_H // 8) + heads // 8) * 32 + lane) * 16
+
+    @gluon.jit
+    def _sm90_kv1_send_half(
+        acc, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
+    ):  # fmt: skip
+        """cluster_merge, s_by_one: this warpgroup's half of oT, not yet divided by l, into
+        the partner's buffer as soon as the loop ends (the partner scales it by the 1/l
+        that comes with the lse)."""
+        off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
+        gl.inline_asm_elementwise(
+            _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [acc, off, gl.full_like(off, 1)],
+            dtype=gl.int32, is_pure=False, pack=4,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm90_kv1_send_stats(lse2, inv, BLOCK_H: gl.constexpr, O_LAYOUT: gl.constexpr):
+        """cluster_merge, s_by_one: this split's lse (base 2) and 1/l (times v_scale) per
+        head into the partner's buffer."""
+        off = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_LAYOUT)) * 4
+        gl.inline_asm_elementwise(
+            _XCHG_PUT_ASM, "=r,f,r", [lse2, 16 + off], dtype=gl.int32, is_pure=False, pack=1
+        )
+        gl.inline_asm_elementwise(
+            _XCHG_PUT_ASM, "=r,f,r", [inv, _XCHG_INV + off], dtype=gl.int32, is_pure=False,
+            pack=1,
         )  # fmt: skip
 
     @gluon.jit
@@ -1160,46 +1222,28 @@ if _HAS_GLUON:
         c0: gl.constexpr = HALF * (DV // 2)
         h_l: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)
         offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=h_l)
-        if CLUSTER2:
-            # Sender and receiver are the same warpgroup of the two CTAs, so the same
-            # layout: each 4-element register group (rows r and r + 8, two heads) goes
-            # to its own 16-byte slot, a warp's 32 lanes to 512 consecutive bytes.
-            rows = gl.arange(0, DV // 2, layout=gl.SliceLayout(1, O_LAYOUT))[:, None]
-            heads = gl.arange(0, BLOCK_H, layout=h_l)[None, :]
-            lane = (rows % 8) * 4 + (heads % 8) // 2
-            off = _XCHG_DATA + (((rows // 16) * (BLOCK_H // 8) + heads // 8) * 32 + lane) * 16
-            ones = gl.full_like(off, 1)
-            off_l = 16 + gl.arange(0, BLOCK_H, layout=h_l) * 4
-            if sp != HALF:
-                _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
-                gl.inline_asm_elementwise(
-                    _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [out, off, ones],
-                    dtype=gl.int32, is_pure=False, pack=4,
+        if CLUSTER2:  # called in the warpgroup that keeps (HALF == sp): merge and store
+            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
+            off_l = gl.arange(0, BLOCK_H, layout=h_l) * 4
+            _sm90_per_thread(_XCHG_WAIT_ASM, 4)
+            o_other = gl.inline_asm_elementwise(
+                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],
+                dtype=gl.float32, is_pure=False, pack=4,
+            )  # fmt: skip
+            lse_other = gl.inline_asm_elementwise(
+                _XCHG_GET_ASM, "=f,r", [16 + off_l], dtype=gl.float32, is_pure=False, pack=1
+            )
+            inv_other = gl.inline_asm_elementwise(
+                _XCHG_GET_ASM, "=f,r", [_XCHG_INV + off_l], dtype=gl.float32, is_pure=False,
+                pack=1,
+            )  # fmt: skip
+            o, lse_tot = _sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)
+            _sm90_kv1_store_o(o, c0, hb, t, H, o_ptr, stride_ot, stride_oh, BLOCK_H, DV, stage_smem)
+            if HALF == 0:  # split 0 writes the lse
+                gl.store(
+                    lse_ptr + t * stride_lt + offs_h * stride_lh, lse_tot * 0.6931471805599453,
+                    mask=offs_h < H,
                 )  # fmt: skip
-                gl.inline_asm_elementwise(
-                    _XCHG_PUT_ASM, "=r,f,r", [lse2, off_l], dtype=gl.int32, is_pure=False,
-                    pack=1,
-                )  # fmt: skip
-                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
-            else:
-                _sm90_per_thread(_XCHG_WAIT_ASM, 4)
-                o_other = gl.inline_asm_elementwise(
-                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, ones],
-                    dtype=gl.float32, is_pure=False, pack=4,
-                )  # fmt: skip
-                lse_other = gl.inline_asm_elementwise(
-                    _XCHG_GET_ASM, "=f,r", [off_l], dtype=gl.float32, is_pure=False,
-                    pack=1,
-                )  # fmt: skip
-                o, lse_tot = _sm90_merge2(out, o_other, lse2, lse_other)
-                _sm90_kv1_store_o(
-                    o, c0, hb, t, H, o_ptr, stride_ot, stride_oh, BLOCK_H, DV, stage_smem
-                )
-                if HALF == 0:  # split 0 writes the lse
-                    gl.store(
-                        lse_ptr + t * stride_lt + offs_h * stride_lh,
-                        lse_tot * 0.6931471805599453, mask=offs_h < H,
-                    )  # fmt: skip
         elif DIRECT:
             _sm90_kv1_store_o(
                 out, c0, hb, t, H, o_ptr, stride_ot, stride_oh, BLOCK_H, DV, stage_smem
@@ -1362,10 +1406,7 @@ if _HAS_GLUON:
         sp = rest % NUM_SPLITS
         t = (rest // NUM_SPLITS).to(gl.int64)
         if CLUSTER2:  # the exchange buffer's barrier, then this thread's cluster arrive
-            if S_BY_ONE:
-                _sm90_per_thread(_XCHG_INIT_WG_ASM, NUM_WARPS)
-            else:
-                _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
+            _sm90_per_thread(_XCHG_INIT_ASM, NUM_WARPS)
 
         # q -> shared memory once ([BLOCK_H, 576] K-major: wgmma's B after a permute).
         # With producer warps the MMA warps load it, so the first gathers go out at once.
