@@ -13,6 +13,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   noxfer    ablation (wrong results): the cluster sender stores nothing (signal, wait stay)
   erel      ablation (wrong results): each warpgroup releases a KV buffer before its p.v
   bf16x     the cluster exchange in bf16 (8 bytes a 4-register group instead of 16)
+  stats_first  split 1's first warpgroup computes lse and 1/l before sending its half
   no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
@@ -246,6 +247,20 @@ def bf16x(src: str) -> str:
     return _sub(src, "_sm90_kv1_finish", get, new)
 
 
+def stats_first(src: str) -> str:
+    """cluster_merge, split 1's first warpgroup: lse and 1/l computed before its half of o
+    goes out (the remote stores then do not contend with the reduction's shuffles and
+    shared memory), then the half, then lse and 1/l."""
+    f = "_sm90_kv1_s_wg"
+    half = (
+        "            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below\n"
+        "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
+    )
+    src = _sub(src, f, half, "")
+    stats = "            _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)\n"
+    return _sub(src, f, stats, half.replace("below", "here") + stats)
+
+
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
 def t_noq(src: str) -> str:
     """Ablation: the Triton split kernel loads no q (its MMAs run on zeros)."""
@@ -290,7 +305,7 @@ def t_p16(src: str) -> str:
 
 VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
-    "bf16x": bf16x,
+    "bf16x": bf16x, "stats_first": stats_first,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
     "t_p16": t_p16,
 }  # fmt: skip
