@@ -14,8 +14,6 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   erel      ablation (wrong results): each warpgroup releases a KV buffer before its p.v
   bf16x     the cluster exchange in bf16 (8 bytes a 4-register group instead of 16)
   stats_first  split 1's first warpgroup computes lse and 1/l before sending its half
-  early_sum  the first warpgroup reduces the row sums per head every tile, beside p.v
-  last_sum  ... once, in the last tile beside its p.v
   no_pdl_wait  the split kernel launched in plain stream order (no programmatic dependency)
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
@@ -263,38 +261,6 @@ def stats_first(src: str) -> str:
     return _sub(src, f, stats, half.replace("below", "here") + stats)
 
 
-def early_sum(src: str) -> str:
-    """KV-major s_by_one, first warpgroup: the row sums reduced to one per head every tile,
-    while tile i's p . v runs, instead of once after the loop (a cross-warp reduction on
-    the cluster finish's critical path)."""
-    f = "_sm90_kv1_s_wg"
-    src = _sub(
-        src, f, "        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)\n",
-        "        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))\n",
-    )  # fmt: skip
-    src = _sub(
-        src, f, "                s, ss, qk_scale, m_i, l_part, True\n            )\n",
-        "                s, ss, qk_scale, m_i, s_zero, True\n            )\n",
-    )  # fmt: skip
-    src = _sub(src, f, "m_new, alpha, p, l_part = _sm90", "m_new, alpha, p, _ = _sm90")
-    mma = "            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)\n"
-    src = _sub(src, f, mma, mma + "            l_i = l_i * alpha + gl.sum(p, 0)  # beside p . v\n")
-    return _sub(src, f, "        l_i = gl.sum(l_part, 0)\n", "")
-
-
-def last_sum(src: str) -> str:
-    """KV-major s_by_one, first warpgroup: the row sums' one cross-warp reduction issued
-    in the last tile, while its p . v runs, instead of after the loop."""
-    f = "_sm90_kv1_s_wg"
-    src = _sub(src, f, "\n        l_i = gl.sum(l_part, 0)\n", "\n")
-    init = "        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)\n"
-    zero = "gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))"
-    src = _sub(src, f, init, init + f"        l_i = {zero}\n")
-    mma = "            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)\n"
-    last = "            if i == n_tiles - 1:  # beside the last p . v\n"
-    return _sub(src, f, mma, mma + last + "                l_i = gl.sum(l_part, 0)\n")
-
-
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
 def t_noq(src: str) -> str:
     """Ablation: the Triton split kernel loads no q (its MMAs run on zeros)."""
@@ -339,8 +305,7 @@ def t_p16(src: str) -> str:
 
 VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
-    "bf16x": bf16x, "stats_first": stats_first, "early_sum": early_sum,
-    "last_sum": last_sum,
+    "bf16x": bf16x, "stats_first": stats_first,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
     "t_p16": t_p16,
 }  # fmt: skip

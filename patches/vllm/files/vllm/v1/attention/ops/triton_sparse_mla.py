@@ -1055,8 +1055,15 @@ if _HAS_GLUON:
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
         l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
         acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
         s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
+        # The row sums' one cross-warp reduction takes ~0.7 us at 32 heads (H200) and
+        # delays the lse and 1/l the cluster merge and the second warpgroup wait for.
+        # From 32 heads it is issued in the last tile beside that tile's p . v (32x128
+        # -0.5 us, 32x32 -0.2, 32x64 -0.1); at 8-16 heads that cost 0.1-0.2 us (notes,
+        # variant 65), so there it stays after the loop.
+        SUM_IN_LOOP: gl.constexpr = BLOCK_H >= 32
         for i in range(0, n_tiles):
             buf = i % NBUF
             kv_i = kv_smem.index(buf)
@@ -1078,6 +1085,9 @@ if _HAS_GLUON:
             mbarrier.arrive(p_full)
             kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
             o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
+                if i == n_tiles - 1:
+                    l_i = gl.sum(l_part, 0)
             acc = gl_wgmma_wait(0, deps=[o_tok])
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
@@ -1085,7 +1095,8 @@ if _HAS_GLUON:
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
             if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
                 _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
-        l_i = gl.sum(l_part, 0)
+        if not SUM_IN_LOOP:
+            l_i = gl.sum(l_part, 0)
         has = l_i > 0.0
         lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
         inv = gl.convert_layout(
