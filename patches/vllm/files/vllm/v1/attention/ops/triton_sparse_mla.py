@@ -1048,7 +1048,9 @@ if _HAS_GLUON:
         """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
         every head (kv read from shared memory once, not once per warpgroup), the softmax,
         p and alpha handed to the second warpgroup, oT[:256] += kv[:, :256]T . pT; at the
-        end 1/l and lse handed over the same way, and this half of o finished."""
+        end 1/l and lse handed over the same way (where the second warpgroup keeps its
+        half) and this half of o finished. cluster_merge: lse and 1/l also go to the
+        partner; split 1 sends this half there, unscaled, as soon as the loop ends."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -1134,7 +1136,8 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
         over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
-        by the 1/l handed over, and finished."""
+        by the 1/l handed over, and finished (cluster_merge, split 0: sent to the partner
+        unscaled as soon as the loop ends)."""
         if CLUSTER2:  # every thread of the cluster arrives once
             _sm90_per_thread(_CLUSTER_ARRIVE_ASM, 4)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
@@ -1227,9 +1230,9 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """s_by_one KV-major: warpgroup HALF's normalised half of oT (o's columns
         [HALF * 256, HALF * 256 + 256)) stored, or as split-K partials, or with
-        cluster_merge sent to / merged with the partner CTA's same warpgroup (split s
-        keeps columns [256 s, 256 s + 256), so its warpgroup s keeps and the other sends).
-        The lse goes with the first warpgroup's part."""
+        cluster_merge merged with the partner CTA's same warpgroup's half (split s keeps
+        columns [256 s, 256 s + 256): only its warpgroup s gets here; the other sent its
+        half at its loop end). The lse goes with the first warpgroup's part."""
         c0: gl.constexpr = HALF * (DV // 2)
         h_l: gl.constexpr = gl.SliceLayout(0, O_LAYOUT)
         offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=h_l)
