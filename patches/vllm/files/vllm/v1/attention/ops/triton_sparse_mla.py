@@ -344,6 +344,15 @@ if _HAS_GLUON:
         )
 
     @gluon.jit
+    def _sm90_lse2_inv(m_i, l_i, v_scale):
+        """Per head, from the running max and the row sum: the lse (base 2; -inf where no
+        slot was valid) and v_scale / l (v_scale where l = 0), in l_i's layout."""
+        has = l_i > 0.0
+        l_safe = gl.where(has, l_i, 1.0)
+        lse2 = gl.where(has, m_i + _lg2_approx(l_safe), float("-inf"))
+        return lse2, v_scale * _rcp_approx(l_safe)
+
+    @gluon.jit
     def _sm90_issue_tile(
         kv_buf,
         kpe_buf,
@@ -958,11 +967,8 @@ if _HAS_GLUON:
             acc = gl_wgmma_wait(0, deps=[o_tok])
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(
-            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(1, O_LAYOUT)
-        )
+        lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
+        inv = gl.convert_layout(inv, gl.SliceLayout(1, O_LAYOUT))
         mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
         alpha_smem.store(inv)
         gl.thread_barrier()
@@ -1099,11 +1105,8 @@ if _HAS_GLUON:
                 _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
         if not SUM_IN_LOOP:
             l_i = gl.sum(l_part, 0)
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
-        inv = gl.convert_layout(
-            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(0, O_LAYOUT)
-        )
+        lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
+        inv = gl.convert_layout(inv, gl.SliceLayout(0, O_LAYOUT))
         lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
         if CLUSTER2:
             _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)
@@ -1292,12 +1295,9 @@ if _HAS_GLUON:
             l_i = gl.sum(l_part, ROWS)
         else:
             l_i = l_part
-        has = l_i > 0.0
-        lse2 = gl.where(has, m_i + _lg2_approx(gl.where(has, l_i, 1.0)), float("-inf"))
         offs_hl = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(ROWS, S_LAYOUT))
-        inv = gl.convert_layout(
-            v_scale * _rcp_approx(gl.where(has, l_i, 1.0)), gl.SliceLayout(ROWS, O_LAYOUT)
-        )
+        lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
+        inv = gl.convert_layout(inv, gl.SliceLayout(ROWS, O_LAYOUT))
         if HEAD_MAJOR:
             st_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NUM_WARPS, 1], [1, 0])
             out = gl.convert_layout(acc * inv[:, None], st_layout)
