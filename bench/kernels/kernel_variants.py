@@ -141,59 +141,54 @@ def _stamp(slot: str, indent: int, cond: str = "") -> str:
     return f"{pad}if {cond}:\n{pad}    {call}\n" if cond else f"{pad}{call}\n"
 
 
+_S, _O, _F = "_sm90_kv1_s_wg", "_sm90_kv1_o_wg", "_sm90_kv1_finish"
+_LAST = "i == n_tiles - 1"
+# Where the stamps go: (function, anchor, slot, indent, before the anchor, condition).
+# The anchor's own indent is the stamp's unless the stamp goes one level deeper. After the
+# loop (cluster_merge) split 1's first warpgroup sends its half at once and the first
+# warpgroup of both splits sends lse and 1/l; the keeper's stamps are in _sm90_kv1_finish
+# (s_* + 8 * HALF: the o_* slots for the second warpgroup), written after these where both
+# run.
+_STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
+    (_S, "        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H", "s_start", 8, True, ""),
+    (_S, "        gl.thread_barrier()  # every warp's part of q is stored", "s_q", 8, True, ""),
+    (_S, "            buf = i % NBUF\n", "s_last_top", 12, False, _LAST),
+    (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
+     "s_last_scored", 12, False, _LAST),
+    (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
+     "s_tile0", 12, False, "i == 0"),
+    (_S, "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes",
+     "s_loop", 8, True, ""),
+    (_S, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n", "s_cw", 12, False, ""),
+    (_S, "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n", "s_put", 16, False,
+     ""),
+    (_S, "        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))\n", "s_stats", 8,
+     False, ""),
+    (_S, " " * 12 + "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been"
+     " read\n", "s_pe", 12, False, ""),
+    (_S, "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "s_sent", 12, False, ""),
+    (_O, "        n_tiles = gl.cdiv(end - start, BLOCK_N)\n", "o_start", 8, False, ""),
+    (_O, "            mbarrier.wait(p_full, i & 1)\n", "o_p0", 12, False, "i == 0"),
+    (_O, "        if CLUSTER2 and sp == 0:  # split 0 keeps the first half", "o_loop", 8, True,
+     ""),
+    (_O, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n",
+     "o_cw", 12, False, ""),
+    (_O, "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n", "o_put", 12, False, ""),
+    (_O, "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "o_sent", 12, False, ""),
+    (_O, "            mbarrier.wait(p_full, n_tiles & 1)\n", "o_pf", 12, False, ""),
+    (_F, "        c0: gl.constexpr = HALF * (DV // 2)\n", "s_fin", 8, False, ""),
+    (_F, "            _sm90_per_thread(_XCHG_WAIT_ASM, 4)\n", "s_xchg", 12, False, ""),
+    (_F, "o, lse_tot = _sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)\n",
+     "s_merged", 12, False, ""),
+)  # fmt: skip
+
+
 def stamps(src: str) -> str:
-    src = _before_fn(src, "_sm90_kv1_s_wg", _STAMP_FN)
-    f = "_sm90_kv1_s_wg"
-    q = "        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H"
-    src = _sub(src, f, q, _stamp("s_start", 8) + q)
-    bar = "        gl.thread_barrier()  # every warp's part of q is stored"
-    src = _sub(src, f, bar, _stamp("s_q", 8) + bar)
-    top = "            buf = i % NBUF\n"
-    src = _sub(src, f, top, top + _stamp("s_last_top", 12, "i == n_tiles - 1"))
-    scored = "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n"
-    src = _sub(
-        src, f, scored,
-        scored + _stamp("s_tile0", 12, "i == 0") + _stamp("s_last_scored", 12, "i == n_tiles - 1"),
-    )  # fmt: skip
-    # After the loop (cluster_merge): split 1's first warpgroup sends its half at once,
-    # and the first warpgroup of both splits sends lse and 1/l; the keeper's stamps are
-    # in _sm90_kv1_finish (s_* + 8 * HALF), written after these where both run.
-    end = "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes"
-    src = _sub(src, f, end, _stamp("s_loop", 8) + end)
-    cw = "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n"
-    src = _sub(src, f, cw, cw + _stamp("s_cw", 12))
-    half = "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
-    src = _sub(src, f, half, half + _stamp("s_put", 16))
-    stats = "        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))\n"
-    src = _sub(src, f, stats, stats + _stamp("s_stats", 8))
-    pe = "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read\n"
-    pe = " " * 12 + pe
-    src = _sub(src, f, pe, pe + _stamp("s_pe", 12))
-    sig = "                _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
-    src = _sub(src, f, sig, sig + _stamp("s_sent", 12))
-    f = "_sm90_kv1_o_wg"
-    n = "        n_tiles = gl.cdiv(end - start, BLOCK_N)\n"
-    src = _sub(src, f, n, n + _stamp("o_start", 8))
-    p0 = "            mbarrier.wait(p_full, i & 1)\n"
-    src = _sub(src, f, p0, p0 + _stamp("o_p0", 12, "i == 0"))
-    end = "        if CLUSTER2 and sp == 0:  # split 0 keeps the first half"
-    src = _sub(src, f, end, _stamp("o_loop", 8) + end)
-    cw = "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
-    src = _sub(src, f, cw, cw + _stamp("o_cw", 12))
-    half = "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
-    src = _sub(src, f, half, half + _stamp("o_put", 12))
-    sig = "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
-    src = _sub(src, f, sig, sig + _stamp("o_sent", 12))
-    last = "            mbarrier.wait(p_full, n_tiles & 1)\n"
-    src = _sub(src, f, last, last + _stamp("o_pf", 12))
-    f = "_sm90_kv1_finish"  # slots s_* + 8 * HALF: the o_* slots for the second warpgroup
-    c0 = "        c0: gl.constexpr = HALF * (DV // 2)\n"
-    src = _sub(src, f, c0, c0 + _stamp("s_fin", 8))
-    wait = "            _sm90_per_thread(_XCHG_WAIT_ASM, 4)\n"
-    src = _sub(src, f, wait, wait + _stamp("s_xchg", 12))
-    merged = "o, lse_tot = _sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)\n"
-    src = _sub(src, f, merged, merged + _stamp("s_merged", 12))
-    a, b = _span(src, f)
+    src = _before_fn(src, _S, _STAMP_FN)
+    for fn, anchor, slot, indent, before, cond in _STAMP_POINTS:
+        stamp = _stamp(slot, indent, cond)
+        src = _sub(src, fn, anchor, stamp + anchor if before else anchor + stamp)
+    a, b = _span(src, _F)  # s_end: the finish's last statement
     src = src[:a] + src[a:b].rstrip("\n") + "\n" + _stamp("s_end", 8) + "\n" + src[b:]
     # Stamps go to the workspace, which the direct and cluster paths leave unused.
     return _sub(

@@ -144,7 +144,7 @@ def main() -> int:
     import torch  # after the argument checks: they run without a GPU
 
     stamp = any(kv_major(h, t) for h, t in args.cells)  # lone tokens are not stamped
-    stamps = "+".join(["stamps", *([args.stamps_on] if args.stamps_on else [])])
+    stamps = f"stamps+{args.stamps_on}" if args.stamps_on else "stamps"
     names = ["base", *dict.fromkeys([*args.variants, *([stamps] if stamp else [])])]
     mods = {n: kernel_variants.load(n) for n in names}
     torch.manual_seed(0)
@@ -201,18 +201,17 @@ def main() -> int:
         for n in order:
             runs = " ".join(f"{x:.1f}" for x in times[n])
             print(f"  {n:18s} {med[n]:8.2f} {med[n] - med['base']:+7.2f}   [{runs}]", flush=True)
-        if not stamped:
-            del case
-            continue
-        bench.time_fn(fns[stamps], calls=calls, reps=1)
-        torch.cuda.synchronize()
-        words = ws[stamps][: t * 2 * kernel_variants.STAMP_WORDS].view(torch.int32)
-        words = words.view(t * 2, kernel_variants.STAMP_WORDS).cpu().numpy()
-        if args.save is not None:
-            args.save.mkdir(parents=True, exist_ok=True)
-            np.save(args.save / f"stamps_{h}x{t}.npy", words)
-        print(f"  {stamps}, the last call of a replay ({bench.TOPK // splits // 64} tiles a CTA):")
-        print_phases(phases(words, cluster, bench.TOPK // splits // 64))
+        if stamped:
+            bench.time_fn(fns[stamps], calls=calls, reps=1)
+            torch.cuda.synchronize()
+            words = ws[stamps][: t * 2 * kernel_variants.STAMP_WORDS].view(torch.int32)
+            words = words.view(t * 2, kernel_variants.STAMP_WORDS).cpu().numpy()
+            if args.save is not None:
+                args.save.mkdir(parents=True, exist_ok=True)
+                np.save(args.save / f"stamps_{h}x{t}.npy", words)
+            n_tiles = bench.TOPK // splits // 64
+            print(f"  {stamps}, the last call of a replay ({n_tiles} tiles a CTA):")
+            print_phases(phases(words, cluster, n_tiles))
         del case
     return 0
 
