@@ -256,6 +256,26 @@ def stats_first(src: str) -> str:
     return _sub(src, f, stats, half.replace("below", "here") + stats)
 
 
+def nopv0(src: str) -> str:
+    """Ablation: the first warpgroup skips its half of p . v in the tile loop (the chain
+    of sT, softmax and p without the first warpgroup's o MMAs)."""
+    f = "_sm90_kv1_s_wg"
+    mma = "            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)\n"
+    src = _sub(src, f, mma, "")
+    return _sub(src, f, "            acc = gl_wgmma_wait(0, deps=[o_tok])\n", "")
+
+
+def halfqk(src: str) -> str:
+    """Ablation: q . kT over half the latent columns (20 of 36 k-steps a tile)."""
+    f = "_sm90_kv_scores"
+    old = "            kv_smem.index(buf), q_smem.permute((1, 0)), s_zero,"
+    new = (
+        "            kv_smem.index(buf).slice(0, 256, 1), q_smem.slice(0, 256, 1).permute((1, 0)),"
+        " s_zero,"
+    )
+    return _sub(src, f, old, new)
+
+
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
 def t_noq(src: str) -> str:
     """Ablation: the Triton split kernel loads no q (its MMAs run on zeros)."""
@@ -283,7 +303,7 @@ def t_nokv(src: str) -> str:
 
 def t_nomerge(src: str) -> str:
     """Ablation: split-K partials are left unmerged (no merge kernel launched)."""
-    old = "    if not direct and not cluster:\n        block_s = "
+    old = "    if not direct and not cluster:\n        block_s, block_d, merge_warps = "
     return _sub(src, None, old, old.replace("not direct and not cluster", "False"))
 
 
@@ -302,9 +322,12 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
     "bf16x": bf16x, "stats_first": stats_first,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
-    "t_p16": t_p16,
+    "t_p16": t_p16, "nopv0": nopv0, "halfqk": halfqk,
 }  # fmt: skip
-WRONG_RESULTS = {"noq", "nostore", "noxfer", "erel", "t_noq", "t_nostore", "t_nokv", "t_nomerge"}
+WRONG_RESULTS = {
+    "noq", "nostore", "noxfer", "erel", "nopv0", "halfqk",
+    "t_noq", "t_nostore", "t_nokv", "t_nomerge",
+}  # fmt: skip
 
 
 def source(name: str) -> str:

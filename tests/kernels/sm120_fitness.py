@@ -154,12 +154,12 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                 if not direct:
                     pdl_modes.add(cfg.pdl)
     # The merge waits on the split grid (USE_PDL) exactly when its split config has pdl.
-    for block_s in (2, 4, 8, 16, 32, 64, 128, 256):
-        block_d = min(mod.D_LATENT, max(32, mod.MERGE_TILE // block_s))
+    for splits in (2, 4, 8, 16, 32, 64, 128, 256):
+        block_s, block_d, warps = mod.merge_shape(splits)
         for pdl in sorted(pdl_modes):
             ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT, "USE_PDL": pdl}
-            name = f"merge s{block_s} d{block_d}" + (" pdl" if pdl else "")
-            out.append((name, True, ce, {"num_warps": 4}, "bf16"))
+            name = f"merge s{block_s} d{block_d} w{warps}" + (" pdl" if pdl else "")
+            out.append((name, True, ce, {"num_warps": warps}, "bf16"))
     return out
 
 

@@ -97,6 +97,23 @@ def test_split_paths_and_dtypes(num_splits: int, dtype: torch.dtype) -> None:
     )
 
 
+def test_merge_shape_covers_the_splits_and_columns() -> None:
+    for num_splits in range(1, 257):
+        block_s, block_d, warps = mod.merge_shape(num_splits)
+        assert block_s >= num_splits and block_s & (block_s - 1) == 0, num_splits
+        assert mod.D_LATENT % block_d == 0 and block_d >= 32, num_splits  # whole lines
+        assert warps in (1, 2, 4, 8), num_splits
+        # Every lane of every warp gets 4 columns of its own (no replicated elements).
+        assert block_s * block_d >= warps * 32 * 4, num_splits
+
+
+@pytest.mark.parametrize("num_splits", [8, 33, 128])
+def test_merge_kernel_many_splits(num_splits: int) -> None:
+    # 8, 64 and 128 partials a head: the merge's 2-, 1- and 2-warp shapes.
+    q, kv, idx = make_inputs(1, 2, 2048, num_blocks=64)
+    run_checked(q, kv, idx, 0.05, num_splits=num_splits)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_skipped_slots(num_splits: int) -> None:
     t, h, topk = 4, 8, 128

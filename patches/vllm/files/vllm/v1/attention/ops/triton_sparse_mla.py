@@ -193,9 +193,24 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
 # s_by_one: registers of the warpgroup that only accumulates half of o (128 of them);
 # the first warpgroup gets what the producers and this one leave.
 S_BY_ONE_O_REGS = 192
-# Partial-output elements one merge program reads (splits x columns): 4096 took
-# 32 heads x 1 token from 11.2 to 9.9 us on the H200, other cells within 0.5%.
-MERGE_TILE = 4096
+# The merge kernel: partial-output elements a warp reads (splits x columns), and the
+# fewest columns a program takes (32 fp32: one 128-byte line a split).
+MERGE_WARP_ELEMS = 2048
+MERGE_MIN_COLS = 32
+
+
+def merge_shape(num_splits: int) -> tuple[int, int, int]:
+    """The merge kernel's BLOCK_S (splits, a power of two), BLOCK_D (columns) and warps.
+
+    Warps side by side along the columns (128 a warp: 4 a lane) reduce over the splits
+    within a warp; warps stacked along the splits, only where one warp would read more
+    than MERGE_WARP_ELEMS, reduce through shared memory and bar.sync (notes, variant 66).
+    """
+    block_s = triton.next_power_of_2(num_splits)
+    block_d = min(D_LATENT, max(MERGE_MIN_COLS, MERGE_WARP_ELEMS // block_s))
+    return block_s, block_d, max(1, block_d // 128, block_s * block_d // MERGE_WARP_ELEMS)
+
+
 _FALLBACK = SparseMLAConfig(16, 16, 4, 3, idx_ahead=False)  # smallest build; fits every part
 
 
@@ -1625,17 +1640,19 @@ def _sparse_mla_merge_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < NUM_SPLITS
     lse = tl.load(plse_ptr + pid * NUM_SPLITS + offs_s, mask=mask_s, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m_use)
-    denom = tl.sum(w, 0)
-    # All splits load at once: a loop over splits would serialize their latency.
+    # All splits load at once (a loop over splits would serialize their latency), and
+    # before the lse reductions: their bar.syncs would otherwise hold these loads back,
+    # one more L2 round trip after the lse's (notes, variant 66).
     offs_d = pd * BLOCK_D + tl.arange(0, BLOCK_D)
     po = tl.load(
         po_ptr + (pid * NUM_SPLITS + offs_s[:, None]) * DV + offs_d[None, :],
         mask=mask_s[:, None],
         other=0.0,
     ).to(tl.float32)
+    m = tl.max(lse, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_use)
+    denom = tl.sum(w, 0)
     out = tl.sum(po * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
     tl.store(o_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
     if pd == 0:
@@ -1981,15 +1998,14 @@ def _launch(
             **cfg.launch_options(),
         )  # fmt: skip
     if not direct and not cluster:
-        block_s = triton.next_power_of_2(num_splits)
-        block_d = min(D_LATENT, max(32, MERGE_TILE // block_s))
+        block_s, block_d, merge_warps = merge_shape(num_splits)
         _sparse_mla_merge_kernel[(num_tokens * num_heads, D_LATENT // block_d)](
             po, plse, out, lse,
             num_heads, num_splits,
             out.stride(0), out.stride(1),
             lse.stride(0), lse.stride(1),
             BLOCK_S=block_s, BLOCK_D=block_d, DV=D_LATENT, USE_PDL=pdl,
-            num_warps=4, **({"launch_pdl": True} if pdl else {}),
+            num_warps=merge_warps, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     return build
 
