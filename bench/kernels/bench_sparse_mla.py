@@ -367,9 +367,6 @@ def check(
     return status
 
 
-_O2 = {"producer_warps": 4, "s_by_one": True, "cluster_merge": True, "o_by_two": True}
-
-
 def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]]]:
     """Configs timed beside the launch-time choice with --sweep: name -> (config, heads filter)."""
     cfg = mod.SparseMLAConfig
@@ -414,10 +411,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h8_cm": (g(8, 8, dup_s=True, producer_warps=4, cluster_merge=True), lambda h: h <= 8),
         "ws_h16_cm": (g(16, 8, producer_warps=4, cluster_merge=True), few),
         "ws_h32_cm": (g(32, 8, producer_warps=4, cluster_merge=True), mid),
-        # KV-major s_by_one with a warpgroup for each half of oT (o_by_two).
-        "ws_h8_o2": (g(8, 4, **_O2), lambda h: h <= 8),
-        "ws_h16_o2": (g(16, 4, **_O2), few),
-        "ws_h32_o2": (g(32, 4, **_O2), mid),
     }
 
 

@@ -97,9 +97,6 @@ class SparseMLAConfig:
     # once, and alpha handed over once) and half of o, the second the other half of o,
     # the producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
-    # s_by_one KV-major: a fourth partition, so each half of oT has a warpgroup of its own
-    # and the first only computes sT and the softmax (its tile chain loses a half of p.v).
-    o_by_two: bool = False
     # KV-major with producer warps, one head block, exactly two splits: the two programs
     # of a token run as a 2-CTA cluster and combine their halves of o through
     # distributed shared memory (no partials in global memory, no merge kernel). With
@@ -196,9 +193,6 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
 # s_by_one: registers of the warpgroup that only accumulates half of o (128 of them);
 # the first warpgroup gets what the producers and this one leave.
 S_BY_ONE_O_REGS = 192
-# o_by_two: 512 threads start with 128 registers; each o warpgroup takes this many, the
-# producers theirs, and the first warpgroup (no accumulator of o) what is left.
-O_BY_TWO_O_REGS = 152
 # The merge kernel: partial-output elements a warp reads (splits x columns), and the
 # fewest columns a program takes (32 fp32: one 128-byte line a split).
 MERGE_WARP_ELEMS = 2048
@@ -1070,16 +1064,14 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, O_BY_TWO: gl.constexpr = False,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
         every head (kv read from shared memory once, not once per warpgroup), the softmax,
         p and alpha handed to the second warpgroup, oT[:256] += kv[:, :256]T . pT; at the
         end 1/l and lse handed over the same way (where the second warpgroup keeps its
         half) and this half of o finished. cluster_merge: lse and 1/l also go to the
-        partner; split 1 sends this half there, unscaled, as soon as the loop ends.
-        O_BY_TWO: no half of o here (an o warpgroup each): the tile is released after
-        q . kT, and at the end only lse and 1/l go out (to both o warpgroups)."""
+        partner; split 1 sends this half there, unscaled, as soon as the loop ends."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -1102,53 +1094,49 @@ if _HAS_GLUON:
                 q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
                 s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,
             )  # fmt: skip
-            if O_BY_TWO:  # this warpgroup is done with the tile
-                mbarrier.arrive(empty_bars.index(buf))
             m_new, alpha, p, l_part = _sm90_kv_online_softmax(
                 s, ss, qk_scale, m_i, l_part, True
             )
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # the same layout
-            if not O_BY_TWO:
-                acc = acc * alpha_o[None, :]
-            # The o warpgroup(s) are past tile i-1's p . v: p and alpha may be replaced.
+            acc = acc * alpha_o[None, :]
+            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
             mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
             p_smem.store(p.to(p_smem.dtype))
             alpha_smem.store(alpha_o)
             gl_fence_async_shared()
             gl.thread_barrier()  # all of p (and alpha) is stored
             mbarrier.arrive(p_full)
-            if not O_BY_TWO:
-                kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
-                o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-                if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
-                    if i == n_tiles - 1:
-                        l_i = gl.sum(l_part, 0)
-                acc = gl_wgmma_wait(0, deps=[o_tok])
-                mbarrier.arrive(empty_bars.index(buf))
+            kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
+                if i == n_tiles - 1:
+                    l_i = gl.sum(l_part, 0)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
         if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
-            if not O_BY_TWO and sp == 1:  # unscaled: the partner scales it by the 1/l below
+            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
                 _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
-        if not SUM_IN_LOOP or O_BY_TWO:
+        if not SUM_IN_LOOP:
             l_i = gl.sum(l_part, 0)
         lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
         inv = gl.convert_layout(inv, gl.SliceLayout(0, O_LAYOUT))
         lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
         if CLUSTER2:
             _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)
-        if O_BY_TWO or not CLUSTER2 or sp == 1:  # a warpgroup keeping its half: 1/l to it
+        if not CLUSTER2 or sp == 1:  # the second warpgroup keeps its half: hand 1/l over
             mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
             alpha_smem.store(inv)
             lse_smem.store(lse2)
             gl.thread_barrier()
             mbarrier.arrive(p_full)
         if CLUSTER2:  # after the hand-over, which overlaps the remote stores' drain
-            if not O_BY_TWO and sp == 1:
+            if sp == 1:
                 _sm90_per_thread(_XCHG_SIGNAL2_ASM, 4)
             else:
                 _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
-        if not O_BY_TWO and (not CLUSTER2 or sp == 0):
+        if not CLUSTER2 or sp == 0:
             _sm90_kv1_finish(
                 acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
                 plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
@@ -1162,13 +1150,12 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        CLUSTER2: gl.constexpr, HALF: gl.constexpr = 1,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
-        """s_by_one KV-major, an o warpgroup (HALF 1, and with O_BY_TWO also HALF 0): per
-        tile, once p and alpha are handed over, oT[HALF] = oT * alpha + kv[:, HALF]T . pT;
-        at the end this half of o scaled by the 1/l handed over, and finished
-        (cluster_merge, the split that does not keep it: sent to the partner unscaled as
-        soon as the loop ends)."""
+        """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
+        over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
+        by the 1/l handed over, and finished (cluster_merge, split 0: sent to the partner
+        unscaled as soon as the loop ends)."""
         if CLUSTER2:  # every thread of the cluster arrives once
             _sm90_per_thread(_CLUSTER_ARRIVE_ASM, 4)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
@@ -1179,13 +1166,13 @@ if _HAS_GLUON:
             gl_fence_async_shared()  # p, and the tile the first warpgroup saw land
             alpha = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
             acc = acc * alpha[None, :]
-            kv_t = kv_smem.index(buf).slice(HALF * (DV // 2), DV // 2, 1).permute((1, 0))
+            kv_t = kv_smem.index(buf).slice(DV // 2, DV // 2, 1).permute((1, 0))
             o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
             acc = gl_wgmma_wait(0, deps=[o_tok])
             gl.thread_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
-        if CLUSTER2 and sp != HALF:  # split s keeps half s: send this one, unscaled
+        if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
             _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
             _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
@@ -1194,9 +1181,9 @@ if _HAS_GLUON:
             inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
             lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))
             _sm90_kv1_finish(
-                acc * inv[None, :], lse2, HALF, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
-                po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV,
-                O_LAYOUT, DIRECT, CLUSTER2, q_smem.slice(HALF * (DV // 2), DV // 2, 1),
+                acc * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
+                plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
+                DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
             )  # fmt: skip
 
     @gluon.jit
@@ -1418,7 +1405,6 @@ if _HAS_GLUON:
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
         CLUSTER2: gl.constexpr,
-        O_BY_TWO: gl.constexpr = False,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -1480,90 +1466,49 @@ if _HAS_GLUON:
             )
             for j in gl.static_range(NBUF):
                 mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
-                mbarrier.init(empty_bars.index(j), count=1 + S_BY_ONE + O_BY_TWO)
+                mbarrier.init(empty_bars.index(j), count=1 + S_BY_ONE)
             if S_BY_ONE:  # three one-warpgroup partitions; each stores its own part
                 alpha_smem = gl.allocate_shared_memory(
                     gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0])
                 )
                 p_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
                 mbarrier.init(p_bars.index(0), count=1)  # p and alpha handed over
-                mbarrier.init(p_bars.index(1), count=1 + O_BY_TWO)  # ... and read
+                mbarrier.init(p_bars.index(1), count=1)  # ... and read
                 if HEAD_MAJOR:  # 1/l alone is handed over at the end (no clusters here)
                     lse_smem = alpha_smem
                 else:  # KV-major: the lse too, with 1/l
                     lse_smem = gl.allocate_shared_memory(
                         gl.float32, [BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0])
                     )
-                if O_BY_TWO:  # KV-major only: a warpgroup for each half of oT
-                    gl.warp_specialize(
-                        [
-                            (
-                                _sm90_kv1_s_wg,
-                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
-                                 alpha_smem, lse_smem, full_bars, empty_bars, p_bars.index(0),
-                                 p_bars.index(1), start, end, qk_scale, v_scale,
-                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
-                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                                 S_LAYOUT, DIRECT, CLUSTER2, True),
-                            ),
-                            (
-                                _sm90_kv1_o_wg,
-                                (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
-                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
-                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
-                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
-                                 O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2, 1),
-                            ),
-                            (
-                                _sm90_kv1_o_wg,
-                                (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
-                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
-                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
-                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
-                                 O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2, 0),
-                            ),
-                            (
-                                _sm90_ws_gather,
-                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
-                                 DR, NBUF, P_WARPS, CLUSTER2),
-                            ),
-                        ],
-                        [4, 4, P_WARPS],
-                        [O_REGS, O_REGS, P_REGS],
-                    )  # fmt: skip
-                else:
-                    gl.warp_specialize(
-                        [
-                            (
-                                _sm90_hm1_s_wg if HEAD_MAJOR else _sm90_kv1_s_wg,
-                                (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem,
-                                 alpha_smem, lse_smem, full_bars, empty_bars, p_bars.index(0),
-                                 p_bars.index(1), start, end, qk_scale, v_scale,
-                                 q_ptr + t * stride_qt, hb, H, stride_qh, t, sp, NUM_SPLITS,
-                                 o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
-                                 stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, DR, NBUF, O_LAYOUT,
-                                 S_LAYOUT, DIRECT, CLUSTER2),
-                            ),
-                            (
-                                _sm90_hm1_o_wg if HEAD_MAJOR else _sm90_kv1_o_wg,
-                                (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
-                                 p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
-                                 NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot,
-                                 stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF,
-                                 O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2),
-                            ),
-                            (
-                                _sm90_ws_gather,
-                                (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
-                                 idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV,
-                                 DR, NBUF, P_WARPS, CLUSTER2),
-                            ),
-                        ],
-                        [4, P_WARPS],
-                        [O_REGS, P_REGS],
-                    )  # fmt: skip
+                gl.warp_specialize(
+                    [
+                        (
+                            _sm90_hm1_s_wg if HEAD_MAJOR else _sm90_kv1_s_wg,
+                            (q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem,
+                             lse_smem, full_bars, empty_bars, p_bars.index(0), p_bars.index(1),
+                             start, end, qk_scale, v_scale, q_ptr + t * stride_qt, hb, H,
+                             stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
+                             stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV,
+                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2),
+                        ),
+                        (
+                            _sm90_hm1_o_wg if HEAD_MAJOR else _sm90_kv1_o_wg,
+                            (q_smem, kv_smem, p_smem, alpha_smem, lse_smem, empty_bars,
+                             p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
+                             NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
+                             stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
+                             S_LAYOUT, DIRECT, CLUSTER2),
+                        ),
+                        (
+                            _sm90_ws_gather,
+                            (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr,
+                             idx_row, start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR,
+                             NBUF, P_WARPS, CLUSTER2),
+                        ),
+                    ],
+                    [4, P_WARPS],
+                    [O_REGS, P_REGS],
+                )  # fmt: skip
             else:
                 m_i, l_part, acc = gl.warp_specialize(
                     [
@@ -1664,8 +1609,7 @@ if _HAS_GLUON:
             "HEAD_MAJOR": cfg.head_major,
             "XCHG_MAX": cfg.xchg_max,
             "S_BY_ONE": cfg.s_by_one,
-            "O_BY_TWO": cfg.o_by_two,
-            "O_REGS": O_BY_TWO_O_REGS if cfg.o_by_two else S_BY_ONE_O_REGS,
+            "O_REGS": S_BY_ONE_O_REGS,
             "CLUSTER2": cluster,
         }
 
@@ -1995,7 +1939,6 @@ def _launch(
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
-            or (cfg.o_by_two and (not cfg.s_by_one or cfg.head_major))
             or (
                 cfg.s_by_one
                 and (cfg.num_warps != 4 or cfg.xchg_max or cfg.dup_s or not cfg.producer_warps
