@@ -265,6 +265,25 @@ def nopv0(src: str) -> str:
     return _sub(src, f, "            acc = gl_wgmma_wait(0, deps=[o_tok])\n", "")
 
 
+def pv1all(src: str) -> str:
+    """Ablation: the second warpgroup computes both halves of p . v (the first half into a
+    second accumulator it then drops) and the first warpgroup none (nopv0): the tile loop
+    with all of p . v off the first warpgroup's chain, no fourth warpgroup."""
+    src = nopv0(src)
+    f = "_sm90_kv1_o_wg"
+    old = "        acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)\n"
+    src = _sub(src, f, old, old + old.replace("acc =", "acc0 ="))
+    old = "            acc = acc * alpha[None, :]\n"
+    src = _sub(src, f, old, old + "            acc0 = acc0 * alpha[None, :]\n")
+    old = "            acc = gl_wgmma_wait(0, deps=[o_tok])\n"
+    new = (
+        "            kv_0 = kv_smem.index(buf).slice(0, DV // 2, 1).permute((1, 0))\n"
+        "            o_tok0 = gl_wgmma(kv_0, p_smem, acc0, is_async=True)\n"
+        "            acc, acc0 = gl_wgmma_wait(0, deps=[o_tok, o_tok0])\n"
+    )
+    return _sub(src, f, old, new)
+
+
 def halfqk(src: str) -> str:
     """Ablation: q . kT over half the latent columns (20 of 36 k-steps a tile)."""
     f = "_sm90_kv_scores"
@@ -322,10 +341,10 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     "stamps": stamps, "noq": noq, "nostore": nostore, "noxfer": noxfer, "erel": erel,
     "bf16x": bf16x, "stats_first": stats_first,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
-    "t_p16": t_p16, "nopv0": nopv0, "halfqk": halfqk,
+    "t_p16": t_p16, "nopv0": nopv0, "halfqk": halfqk, "pv1all": pv1all,
 }  # fmt: skip
 WRONG_RESULTS = {
-    "noq", "nostore", "noxfer", "erel", "nopv0", "halfqk",
+    "noq", "nostore", "noxfer", "erel", "nopv0", "halfqk", "pv1all",
     "t_noq", "t_nostore", "t_nokv", "t_nomerge",
 }  # fmt: skip
 
