@@ -367,9 +367,6 @@ def check(
     return status
 
 
-_O1 = {"producer_warps": 4, "s_by_one": True, "cluster_merge": True, "o_by_one": True}
-
-
 def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]]]:
     """Configs timed beside the launch-time choice with --sweep: name -> (config, heads filter)."""
     cfg = mod.SparseMLAConfig
@@ -414,11 +411,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h8_cm": (g(8, 8, dup_s=True, producer_warps=4, cluster_merge=True), lambda h: h <= 8),
         "ws_h16_cm": (g(16, 8, producer_warps=4, cluster_merge=True), few),
         "ws_h32_cm": (g(32, 8, producer_warps=4, cluster_merge=True), mid),
-        # KV-major s_by_one in 2-CTA clusters with both halves of oT in the second
-        # warpgroup (o_by_one).
-        "ws_h8_o1": (g(8, 4, **_O1), lambda h: h <= 8),
-        "ws_h16_o1": (g(16, 4, **_O1), few),
-        "ws_h32_o1": (g(32, 4, **_O1), mid),
     }
 
 

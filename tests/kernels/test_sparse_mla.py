@@ -235,14 +235,6 @@ WS_CM_CFGS = [
     for h in (8, 16, 32)
 ]
 
-# KV-major s_by_one with both halves of oT in the second warpgroup (o_by_one; in
-# 2-CTA clusters only, elsewhere the plain s_by_one build).
-WS_O1_CFGS = [
-    mod.SparseMLAConfig(h, 64, 4, 2, per_sm=1, pdl=True, gluon=True, producer_warps=4,
-                        s_by_one=True, cluster_merge=True, o_by_one=True)
-    for h in (8, 16, 32)
-]
-
 # Listed options and every launch-time Gluon config, each once.
 GLUON_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(16, 64, 8, 2, per_sm=1, gluon=True),
@@ -276,12 +268,11 @@ GLUON_CFGS = list(dict.fromkeys([
                         cluster_merge=True),
     *(c for c in mod._CONFIGS_BIG.values() if c.gluon),  # the launch-time choices
     *WS_CM_CFGS,
-    *WS_O1_CFGS,
 ]))
 
 # The launch-time choices at 8, 16 and 32 heads from 32 tokens, and the ones before them.
 CLUSTER_CFGS = list(dict.fromkeys(
-    [*(mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")), *WS_CM_CFGS, *WS_O1_CFGS]
+    [*(mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")), *WS_CM_CFGS]
 ))
 
 

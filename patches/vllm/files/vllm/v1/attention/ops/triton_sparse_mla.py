@@ -97,10 +97,6 @@ class SparseMLAConfig:
     # once, and alpha handed over once) and half of o, the second the other half of o,
     # the producers gather. num_warps is the first partition's: 4.
     s_by_one: bool = False
-    # s_by_one KV-major with cluster_merge: the second warpgroup accumulates both halves
-    # of oT, so the first one's tile chain is q.kT and the softmax only (used only when
-    # the launch is a 2-CTA cluster; otherwise the build is s_by_one's).
-    o_by_one: bool = False
     # KV-major with producer warps, one head block, exactly two splits: the two programs
     # of a token run as a 2-CTA cluster and combine their halves of o through
     # distributed shared memory (no partials in global memory, no merge kernel). With
@@ -946,7 +942,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, O_BY_ONE: gl.constexpr = False,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, first warpgroup: q to shared memory; per tile s = q . kvT for all 64
         rows, the softmax (row max and sums within the warpgroup), p and alpha handed to
@@ -1005,7 +1001,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        CLUSTER2: gl.constexpr, O_BY_ONE: gl.constexpr = False,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, second warpgroup: per tile, once p and alpha are handed over,
         o[:, 256:] = o * alpha + p . v; at the end o scaled by the 1/l handed over."""
@@ -1068,16 +1064,14 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, O_BY_ONE: gl.constexpr = False,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
         every head (kv read from shared memory once, not once per warpgroup), the softmax,
         p and alpha handed to the second warpgroup, oT[:256] += kv[:, :256]T . pT; at the
         end 1/l and lse handed over the same way (where the second warpgroup keeps its
         half) and this half of o finished. cluster_merge: lse and 1/l also go to the
-        partner; split 1 sends this half there, unscaled, as soon as the loop ends.
-        O_BY_ONE: no o here (the second warpgroup accumulates both halves): the tile is
-        released after q . kT, and at the end only lse and 1/l go out."""
+        partner; split 1 sends this half there, unscaled, as soon as the loop ends."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -1100,14 +1094,11 @@ if _HAS_GLUON:
                 q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
                 s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,
             )  # fmt: skip
-            if O_BY_ONE:  # this warpgroup is done with the tile
-                mbarrier.arrive(empty_bars.index(buf))
             m_new, alpha, p, l_part = _sm90_kv_online_softmax(
                 s, ss, qk_scale, m_i, l_part, True
             )
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # the same layout
-            if not O_BY_ONE:
-                acc = acc * alpha_o[None, :]
+            acc = acc * alpha_o[None, :]
             # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
             mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
             p_smem.store(p.to(p_smem.dtype))
@@ -1115,57 +1106,37 @@ if _HAS_GLUON:
             gl_fence_async_shared()
             gl.thread_barrier()  # all of p (and alpha) is stored
             mbarrier.arrive(p_full)
-            if not O_BY_ONE:
-                kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
-                o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-                if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
-                    if i == n_tiles - 1:
-                        l_i = gl.sum(l_part, 0)
-                acc = gl_wgmma_wait(0, deps=[o_tok])
-                mbarrier.arrive(empty_bars.index(buf))
+            kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
+                if i == n_tiles - 1:
+                    l_i = gl.sum(l_part, 0)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
         if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
-            if not O_BY_ONE and sp == 1:  # unscaled: the partner scales it by the 1/l below
+            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
                 _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
-        if not SUM_IN_LOOP or O_BY_ONE:
+        if not SUM_IN_LOOP:
             l_i = gl.sum(l_part, 0)
         lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
         inv = gl.convert_layout(inv, gl.SliceLayout(0, O_LAYOUT))
         lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))
         if CLUSTER2:
             _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)
-        if not O_BY_ONE and (not CLUSTER2 or sp == 1):  # the second keeps a half: 1/l to it
+        if not CLUSTER2 or sp == 1:  # the second warpgroup keeps its half: hand 1/l over
             mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
             alpha_smem.store(inv)
             lse_smem.store(lse2)
             gl.thread_barrier()
             mbarrier.arrive(p_full)
         if CLUSTER2:  # after the hand-over, which overlaps the remote stores' drain
-            if not O_BY_ONE and sp == 1:
+            if sp == 1:
                 _sm90_per_thread(_XCHG_SIGNAL2_ASM, 4)
             else:
                 _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
-        if O_BY_ONE:  # the kept half comes from the second warpgroup (a KV buffer)
-            mbarrier.wait(p_full, n_tiles & 1)  # the second warpgroup's arrival after the half
-            x_sl: gl.constexpr = gl.NVMMASharedLayout(
-                swizzle_byte_width=128, element_bitwidth=32, rank=2
-            )
-            x_smem = kv_smem.index(0)._reinterpret(gl.float32, [BLOCK_H, DV // 2], x_sl)
-            keep = x_smem.permute((1, 0)).load(O_LAYOUT)
-            if sp == 0:
-                _sm90_kv1_finish(
-                    keep * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
-                    po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV,
-                    O_LAYOUT, DIRECT, CLUSTER2, q_smem.slice(0, DV // 2, 1),
-                )  # fmt: skip
-            else:
-                _sm90_kv1_finish(
-                    keep * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr,
-                    po_ptr, plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV,
-                    O_LAYOUT, DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
-                )  # fmt: skip
-        if not O_BY_ONE and (not CLUSTER2 or sp == 0):
+        if not CLUSTER2 or sp == 0:
             _sm90_kv1_finish(
                 acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
                 plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
@@ -1179,20 +1150,16 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        CLUSTER2: gl.constexpr, O_BY_ONE: gl.constexpr = False,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
         over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
         by the 1/l handed over, and finished (cluster_merge, split 0: sent to the partner
-        unscaled as soon as the loop ends). O_BY_ONE (cluster_merge only): both halves
-        here; at the end the partner's half is sent, and this split's half handed to the
-        first warpgroup through a KV buffer."""
+        unscaled as soon as the loop ends)."""
         if CLUSTER2:  # every thread of the cluster arrives once
             _sm90_per_thread(_CLUSTER_ARRIVE_ASM, 4)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
-        if O_BY_ONE:
-            acc0 = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
         for i in range(0, n_tiles):
             buf = i % NBUF
             mbarrier.wait(p_full, i & 1)
@@ -1201,38 +1168,11 @@ if _HAS_GLUON:
             acc = acc * alpha[None, :]
             kv_t = kv_smem.index(buf).slice(DV // 2, DV // 2, 1).permute((1, 0))
             o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-            if O_BY_ONE:
-                acc0 = acc0 * alpha[None, :]
-                kv_0 = kv_smem.index(buf).slice(0, DV // 2, 1).permute((1, 0))
-                o_tok0 = gl_wgmma(kv_0, p_smem, acc0, is_async=True)
-                acc, acc0 = gl_wgmma_wait(0, deps=[o_tok, o_tok0])
-            else:
-                acc = gl_wgmma_wait(0, deps=[o_tok])
+            acc = gl_wgmma_wait(0, deps=[o_tok])
             gl.thread_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
-        if O_BY_ONE:  # cluster_merge: the partner's half out, unscaled; ours to the first
-            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
-            if sp == 0:
-                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
-                keep = acc0
-            else:
-                _sm90_kv1_send_half(acc0, BLOCK_H, DV, O_LAYOUT)
-                keep = acc
-            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
-            # The kept half, unscaled, through a KV buffer (free now) to the first warpgroup,
-            # which merges and stores it while this one's remote stores drain.
-            x_sl: gl.constexpr = gl.NVMMASharedLayout(
-                swizzle_byte_width=128, element_bitwidth=32, rank=2
-            )
-            x_smem = kv_smem.index(0)._reinterpret(gl.float32, [BLOCK_H, DV // 2], x_sl)
-            x_smem.store(gl.permute(keep, (1, 0)))
-            gl.thread_barrier()
-            # On p_full, whose phases the first warpgroup drove itself (n_tiles of them):
-            # one more arrival on p_empty could complete two phases before it looks, and a
-            # parity wait cannot tell phase n from n - 2 (the deadlock of the first try).
-            mbarrier.arrive(p_full)
-        elif CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
+        if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
             _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
             _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
@@ -1465,7 +1405,6 @@ if _HAS_GLUON:
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
         CLUSTER2: gl.constexpr,
-        O_BY_ONE: gl.constexpr = False,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -1550,7 +1489,7 @@ if _HAS_GLUON:
                              start, end, qk_scale, v_scale, q_ptr + t * stride_qt, hb, H,
                              stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
                              stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV,
-                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2, O_BY_ONE),
+                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2),
                         ),
                         (
                             _sm90_hm1_o_wg if HEAD_MAJOR else _sm90_kv1_o_wg,
@@ -1558,7 +1497,7 @@ if _HAS_GLUON:
                              p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
                              NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
                              stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
-                             S_LAYOUT, DIRECT, CLUSTER2, O_BY_ONE),
+                             S_LAYOUT, DIRECT, CLUSTER2),
                         ),
                         (
                             _sm90_ws_gather,
@@ -1672,7 +1611,6 @@ if _HAS_GLUON:
             "S_BY_ONE": cfg.s_by_one,
             "O_REGS": S_BY_ONE_O_REGS,
             "CLUSTER2": cluster,
-            "O_BY_ONE": cfg.o_by_one and cluster and not cfg.head_major,
         }
 
 
@@ -2001,7 +1939,6 @@ def _launch(
             or (not cfg.dup_s and cfg.block_h * 4 // cfg.num_warps < 8)
             or (cfg.head_major and (cfg.block_h != 64 or not cfg.producer_warps or cfg.dup_s))
             or (cfg.xchg_max and not cfg.head_major)
-            or (cfg.o_by_one and (cfg.head_major or not (cfg.s_by_one and cfg.cluster_merge)))
             or (
                 cfg.s_by_one
                 and (cfg.num_warps != 4 or cfg.xchg_max or cfg.dup_s or not cfg.producer_warps
