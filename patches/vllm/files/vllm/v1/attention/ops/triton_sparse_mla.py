@@ -1057,15 +1057,6 @@ if _HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _sm90_kv1_handover(kv_smem, buf, BLOCK_H: gl.constexpr, DV: gl.constexpr):
-        """s_by_one KV-major: KV buffer buf (its tile done, none gathered after it) as
-        fp32 [BLOCK_H, DV/2], where the second warpgroup leaves the first one's half of oT."""
-        x_sl: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=32, rank=2
-        )
-        return kv_smem.index(buf)._reinterpret(gl.float32, [BLOCK_H, DV // 2], x_sl)
-
-    @gluon.jit
     def _sm90_kv1_s_wg(
         q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, alpha_smem, lse_smem,
         full_bars, empty_bars, p_full, p_empty, start, end, qk_scale, v_scale, q_tok, hb, H,
@@ -1107,25 +1098,20 @@ if _HAS_GLUON:
                 s, ss, qk_scale, m_i, l_part, True
             )
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # the same layout
-            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced
-            # (and, before the last tile, this half of oT is in tile i-1's buffer).
+            acc = acc * alpha_o[None, :]
+            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
             mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
             p_smem.store(p.to(p_smem.dtype))
             alpha_smem.store(alpha_o)
             gl_fence_async_shared()
             gl.thread_barrier()  # all of p (and alpha) is stored
             mbarrier.arrive(p_full)
-            if i == n_tiles - 1:  # this half's p . v: the last tile only
-                if i > 0:  # tiles 0 .. i-1, from the second warpgroup
-                    acc = _sm90_kv1_handover(kv_smem, (i - 1) % NBUF, BLOCK_H, DV).permute(
-                        (1, 0)
-                    ).load(O_LAYOUT)
-                acc = acc * alpha_o[None, :]
-                kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
-                o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-                if SUM_IN_LOOP:
+            kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
+                if i == n_tiles - 1:
                     l_i = gl.sum(l_part, 0)
-                acc = gl_wgmma_wait(0, deps=[o_tok])
+            acc = gl_wgmma_wait(0, deps=[o_tok])
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
         if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
@@ -1174,7 +1160,6 @@ if _HAS_GLUON:
             _sm90_per_thread(_CLUSTER_ARRIVE_ASM, 4)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
-        acc0 = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)  # the first's half
         for i in range(0, n_tiles):
             buf = i % NBUF
             mbarrier.wait(p_full, i & 1)
@@ -1182,18 +1167,9 @@ if _HAS_GLUON:
             alpha = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))
             acc = acc * alpha[None, :]
             kv_t = kv_smem.index(buf).slice(DV // 2, DV // 2, 1).permute((1, 0))
-            if i < n_tiles - 1:  # both halves, off the first warpgroup's chain
-                acc0 = acc0 * alpha[None, :]
-                kv_0 = kv_smem.index(buf).slice(0, DV // 2, 1).permute((1, 0))
-                o_tok0 = gl_wgmma(kv_0, p_smem, acc0, is_async=True)
-                o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-                acc, acc0 = gl_wgmma_wait(0, deps=[o_tok, o_tok0])
-                if i == n_tiles - 2:  # the first warpgroup's half, for its last tile
-                    _sm90_kv1_handover(kv_smem, buf, BLOCK_H, DV).store(gl.permute(acc0, (1, 0)))
-            else:
-                o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
-                acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()  # every thread has read alpha (and stored its part of acc0)
+            o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
+            acc = gl_wgmma_wait(0, deps=[o_tok])
+            gl.thread_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
         if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
