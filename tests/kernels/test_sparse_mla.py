@@ -297,6 +297,56 @@ def test_cluster_merge(cfg: object, topk: int, dtype: torch.dtype) -> None:
     run_checked(q, kv, idx, 0.05, tol=tol, config=cfg, num_splits=2)
 
 
+def make_moving_max_inputs(
+    h: int, topk: int = 2048, scale: float = 0.05, seed: int = 7
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four tokens whose scores (natural log units, times 1 + head / h per head) move
+    across the tiles by more than exp2 can span (2^128), so that the lazy running max of
+    the KV-major s_by_one loop has to move after its first tile: 0 rises by 200 over the
+    top-k, 1 falls by 200, 2 is noise with +120 spikes late in each split, 3 rises with
+    masked runs. Each token's rows are
+    its own slots; k = u * score / scale along the token's q direction u, plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    t = 4
+    u = torch.randn(t, D, generator=gen)
+    u = u / u.norm(dim=1, keepdim=True)
+    pos = torch.arange(topk, dtype=torch.float64) / topk
+    target = torch.stack([
+        200 * pos,
+        200 * (1 - pos),
+        torch.randn(topk, generator=gen, dtype=torch.float64),
+        200 * pos,
+    ])
+    for half in (0, 1):  # spikes in the last tiles of each half of the top-k
+        at = half * topk // 2 + topk // 2 - 1 - torch.randperm(topk // 4, generator=gen)[:3]
+        target[2, at] += 120
+    q = u[:, None, :] * (1 + torch.arange(h) / h)[None, :, None]
+    k = u[:, None, :] * (target / scale)[:, :, None].float()
+    k = k + 0.3 * torch.randn(t, topk, D, generator=gen)
+    kv = k.reshape(t * topk // 64, 64, D).to(torch.bfloat16)
+    idx = torch.arange(t)[:, None] * topk + torch.arange(topk)[None, :]
+    idx[3, topk // 4 : topk // 4 + 200] = -1
+    idx[3, 3 * topk // 4 :: 7] = -1
+    return q.to(torch.bfloat16).to(DEVICE), kv.to(DEVICE), idx.to(torch.int32).to(DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ws_h8", "ws_h16", "ws_h32"])
+@pytest.mark.parametrize("num_splits", [1, 2, 4])
+def test_kv_major_lazy_max_follows_moving_scores(name: str, num_splits: int) -> None:
+    # KV-major s_by_one keeps its running max until a score rises LAZY_MAX_SLACK above
+    # it: scores that rise, fall and spike across the tiles (and heads scaled apart, so
+    # one head moves its max while another does not) must still match the reference.
+    cfg = mod._CONFIGS_BIG[name]
+    h = max(8, cfg.block_h - 2)
+    q, kv, idx = make_moving_max_inputs(h)
+    if torch.cuda.get_device_capability()[0] != 9:
+        with pytest.raises(ValueError, match="SM90"):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+        return
+    run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+
+
 @pytest.mark.gpu
 def test_cluster_merge_without_cluster_launch_uses_the_merge_kernel(monkeypatch) -> None:
     # A Triton whose compiled kernels lack the launch metadata: same results, merge kernel.

@@ -60,6 +60,12 @@ SMALL_SMEM_BYTES = 101376
 _XCHG_DATA_BYTES = 16 + 4 * 32
 _XCHG_INV_BYTES = _XCHG_DATA_BYTES + 32 * (D_LATENT // 2) * 4
 _XCHG_BYTES = -(-(_XCHG_INV_BYTES + 4 * 32) // 1024) * 1024
+# KV-major s_by_one: the first warpgroup's vote word (static shared memory, whole KiB so
+# that Triton's dynamic shared memory stays 1 KiB-aligned, as for the exchange buffer).
+_VOTE_BYTES = 1024
+# ... and how far (log2 units) a score may rise above the running max before the max is
+# updated: p = exp2(s - m) stays <= 2^8, far inside fp32 and bf16.
+LAZY_MAX_SLACK = 8.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,7 @@ class SparseMLAConfig:
             if self.s_by_one:  # alpha, 4 barriers (KV-major: the lse, the softmax's scratch)
                 red += 4 * self.block_h + 64 if self.head_major else 8 * self.block_h + 1280
             red += _XCHG_BYTES if self.cluster_merge else 0
+            red += _VOTE_BYTES if self.s_by_one and not self.head_major else 0
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
         if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
             kv_tile += self.block_n * D_QK * 2
@@ -357,6 +364,101 @@ if _HAS_GLUON:
         return gl.inline_asm_elementwise(
             "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1
         )
+
+    def _vote_asm(n: int) -> str:
+        """One thread's n scores ($n..) against their heads' thresholds ($2n..): whether
+        any is above, OR-ed over the first warpgroup's 128 threads (bar.red on its named
+        barrier 0) and left in the vote word, which every thread then reads back. The
+        speculative p ($3n..) is an input only so that its exp2s issue before the wait.
+        Barrier 0 with 128 threads is the one Triton 3.6 gives the default partition of
+        gl.warp_specialize (this warpgroup) for its thread_barrier."""
+        cmp = "".join(
+            f" setp.gt.f32 q, ${n + k}, ${2 * n + k}; or.pred p, p, q;\n" for k in range(n)
+        )
+        outs = "".join(f" mov.u32 ${k}, 0;" for k in range(n))
+        return (
+            "{ .reg .pred p, q; .reg .u32 v;\n setp.ne.u32 p, 0, 0;\n" + cmp
+            + " bar.red.or.pred p, 0, 128, p;\n selp.u32 v, 1, 0, p;\n"
+            " st.shared.u32 [sparse_mla_vote], v;\n" + outs + " }"
+        )
+
+    _VOTE_DECL_ASM: gl.constexpr = gl.constexpr(
+        f".shared .align 1024 .b8 sparse_mla_vote[{_VOTE_BYTES}]; mov.u32 $0, 0;"
+    )
+    _VOTE4_ASM: gl.constexpr = gl.constexpr(_vote_asm(4))
+    _VOTE8_ASM: gl.constexpr = gl.constexpr(_vote_asm(8))
+    _VOTE16_ASM: gl.constexpr = gl.constexpr(_vote_asm(16))
+    _VOTE4_CONS: gl.constexpr = gl.constexpr(",".join(["=r"] * 4 + ["f"] * 12))
+    _VOTE8_CONS: gl.constexpr = gl.constexpr(",".join(["=r"] * 8 + ["f"] * 24))
+    _VOTE16_CONS: gl.constexpr = gl.constexpr(",".join(["=r"] * 16 + ["f"] * 48))
+    _LAZY_SLACK: gl.constexpr = gl.constexpr(LAZY_MAX_SLACK)
+
+    @gluon.jit
+    def _sm90_vote_above(s, thr, p, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, i):
+        """KV-major s_by_one, first warpgroup: whether any of the tile's scores s [BLOCK_N,
+        heads] is above its head's threshold thr, as one scalar every thread agrees on.
+        Its bar.red is also the barrier that orders this warpgroup's stores before it."""
+        N: gl.constexpr = BLOCK_N * BLOCK_H // 128  # a thread's share of s
+        t = thr[None, :] + gl.zeros_like(s)
+        if N == 4:
+            gl.inline_asm_elementwise(
+                _VOTE4_ASM, _VOTE4_CONS, [s, t, p], dtype=gl.int32, is_pure=False, pack=4
+            )
+        elif N == 8:
+            gl.inline_asm_elementwise(
+                _VOTE8_ASM, _VOTE8_CONS, [s, t, p], dtype=gl.int32, is_pure=False, pack=8
+            )
+        else:
+            gl.static_assert(N == 16)
+            gl.inline_asm_elementwise(
+                _VOTE16_ASM, _VOTE16_CONS, [s, t, p], dtype=gl.int32, is_pure=False, pack=16
+            )
+        return gl.inline_asm_elementwise(
+            "ld.shared.u32 $0, [sparse_mla_vote]; // $1", "=r,r", [i], dtype=gl.int32,
+            is_pure=False, pack=1,
+        )
+
+    @gluon.jit
+    def _sm90_kv_lazy_tile(
+        s, ss, qk_scale, m_i, m_use, l_part, acc, i, p_smem, alpha_smem, p_empty,
+        BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, O_LAYOUT: gl.constexpr,
+    ):  # fmt: skip
+        """KV-major s_by_one, first warpgroup: one tile's online softmax on sT [BLOCK_N,
+        heads] with a lazy max, p and alpha stored for the p . v of both warpgroups.
+
+        The exact max of a tile is a cross-warp reduction over its rows on this
+        warpgroup's chain, which at 32 heads is as long as a tile's DRAM time. Instead the
+        reference m_use (the running max m, or 0 while m is -inf) moves only when some
+        score rises more than LAZY_MAX_SLACK above m: at the first valid tile, and rarely
+        after. p = exp2(s - m_use) is computed and stored with alpha = 1 at once, and the
+        question whether any score rose is asked in the barrier that orders those stores
+        (bar.red instead of bar.sync), so it costs no barrier of its own. Where one did,
+        the max, p, alpha, the row sums and this warpgroup's oT are redone and p stored
+        again before the second warpgroup is told; p stays <= 2^LAZY_MAX_SLACK."""
+        s = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
+        p = gl.exp2(s - m_use[None, :])
+        ones = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
+        # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
+        mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
+        p_smem.store(p.to(p_smem.dtype))
+        alpha_smem.store(ones)
+        gl_fence_async_shared()
+        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:
+            m_new = gl.maximum(m_i, gl.max(s, 0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)  # 0 while m was -inf (l and oT are 0 then)
+            p = gl.exp2(s - m_use[None, :])
+            l_part = l_part * alpha[None, :] + p
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # same layout
+            acc = acc * alpha_o[None, :]
+            m_i = m_new
+            p_smem.store(p.to(p_smem.dtype))
+            alpha_smem.store(alpha_o)
+            gl_fence_async_shared()
+            gl.thread_barrier()
+        else:
+            l_part = l_part + p
+        return m_i, m_use, l_part, acc
 
     @gluon.jit
     def _sm90_lse2_inv(m_i, l_i, v_scale):
@@ -1067,16 +1169,19 @@ if _HAS_GLUON:
         DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
-        every head (kv read from shared memory once, not once per warpgroup), the softmax,
-        p and alpha handed to the second warpgroup, oT[:256] += kv[:, :256]T . pT; at the
-        end 1/l and lse handed over the same way (where the second warpgroup keeps its
-        half) and this half of o finished. cluster_merge: lse and 1/l also go to the
-        partner; split 1 sends this half there, unscaled, as soon as the loop ends."""
+        every head (kv read from shared memory once, not once per warpgroup), the softmax
+        with a lazy max (_sm90_kv_lazy_tile), p and alpha handed to the second warpgroup,
+        oT[:256] += kv[:, :256]T . pT; at the end 1/l and lse handed over the same way
+        (where the second warpgroup keeps its half) and this half of o finished.
+        cluster_merge: lse and 1/l also go to the partner; split 1 sends this half there,
+        unscaled, as soon as the loop ends."""
+        _sm90_per_thread(_VOTE_DECL_ASM, 4)
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
         gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
+        m_use = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
         l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=S_LAYOUT)
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
         acc = gl.zeros([DV // 2, BLOCK_H], gl.float32, layout=O_LAYOUT)
@@ -1094,18 +1199,11 @@ if _HAS_GLUON:
                 q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, full_bars, i, start, end,
                 s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,
             )  # fmt: skip
-            m_new, alpha, p, l_part = _sm90_kv_online_softmax(
-                s, ss, qk_scale, m_i, l_part, True
-            )
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # the same layout
-            acc = acc * alpha_o[None, :]
-            # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
-            mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
-            p_smem.store(p.to(p_smem.dtype))
-            alpha_smem.store(alpha_o)
-            gl_fence_async_shared()
-            gl.thread_barrier()  # all of p (and alpha) is stored
-            mbarrier.arrive(p_full)
+            m_i, m_use, l_part, acc = _sm90_kv_lazy_tile(
+                s, ss, qk_scale, m_i, m_use, l_part, acc, i, p_smem, alpha_smem, p_empty,
+                BLOCK_N, BLOCK_H, O_LAYOUT,
+            )  # fmt: skip
+            mbarrier.arrive(p_full)  # all of p and alpha is stored
             kv_t = kv_i.slice(0, DV // 2, 1).permute((1, 0))
             o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
             if SUM_IN_LOOP:  # noqa: SIM102 - a constexpr branch around a runtime one
@@ -1113,7 +1211,6 @@ if _HAS_GLUON:
                     l_i = gl.sum(l_part, 0)
             acc = gl_wgmma_wait(0, deps=[o_tok])
             mbarrier.arrive(empty_bars.index(buf))
-            m_i = m_new
         if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
             if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
