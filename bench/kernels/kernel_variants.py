@@ -19,6 +19,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
   novote    ablation (random data only): the lazy max moves at tile 0 only, no vote
+  noexact   ablation (wrong lse): the lazy max never moves, not even at tile 0
 
 The t_* ablations touch the Triton split kernel (the lone token at 8-16 heads) and its merge:
   t_noq     no q loaded          t_nostore  no partial o stored
@@ -307,6 +308,15 @@ def novote(src: str) -> str:
     return _sub(src, "_sm90_kv_lazy_tile", old, "        if i == 0:\n")
 
 
+def noexact(src: str) -> str:
+    """Ablation (wrong lse, so wrong results): the lazy max never moves, not even at the
+    first tile (p = exp2(s), which the bench's random scores keep finite). What the
+    first tile's exact max and second store of p cost."""
+    old = "        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
+    new = old.replace("if ", "").replace(" != 0:", "") + "        if False:\n"
+    return _sub(src, "_sm90_kv_lazy_tile", old, new)
+
+
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
 def t_noq(src: str) -> str:
     """Ablation: the Triton split kernel loads no q (its MMAs run on zeros)."""
@@ -354,10 +364,10 @@ VARIANTS: dict[str, Callable[[str], str]] = {
     "bf16x": bf16x, "stats_first": stats_first,
     "t_noq": t_noq, "t_nostore": t_nostore, "t_nokv": t_nokv, "t_nomerge": t_nomerge,
     "t_p16": t_p16, "nopv0": nopv0, "halfqk": halfqk, "pv1all": pv1all,
-    "novote": novote,
+    "novote": novote, "noexact": noexact,
 }  # fmt: skip
 WRONG_RESULTS = {
-    "noq", "nostore", "noxfer", "erel", "nopv0", "halfqk", "pv1all", "novote",
+    "noq", "nostore", "noxfer", "erel", "nopv0", "halfqk", "pv1all", "novote", "noexact",
     "t_noq", "t_nostore", "t_nokv", "t_nomerge",
 }  # fmt: skip
 
