@@ -436,25 +436,14 @@ if _HAS_GLUON:
         the max, p, alpha, the row sums and this warpgroup's oT are redone and p stored
         again before the second warpgroup is told; p stays <= 2^LAZY_MAX_SLACK."""
         s = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
+        p = gl.exp2(s - m_use[None, :])
         ones = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
         # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
         mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
-        if i == 0:  # the exact max at once; oT and the row sums (both halves) are still 0
-            m_i = gl.max(s, 0)
-            m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
-            p = gl.exp2(s - m_use[None, :])
-            l_part = p
-        else:
-            p = gl.exp2(s - m_use[None, :])
         p_smem.store(p.to(p_smem.dtype))
         alpha_smem.store(ones)
         gl_fence_async_shared()
-        if i == 0:
-            gl.thread_barrier()
-            again = i  # 0: done
-        else:
-            again = _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i)
-        if again != 0:
+        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:
             m_new = gl.maximum(m_i, gl.max(s, 0))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2(m_i - m_use)  # 0 while m was -inf (l and oT are 0 then)
@@ -467,7 +456,7 @@ if _HAS_GLUON:
             alpha_smem.store(alpha_o)
             gl_fence_async_shared()
             gl.thread_barrier()
-        elif i > 0:
+        else:
             l_part = l_part + p
         return m_i, m_use, l_part, acc
 
