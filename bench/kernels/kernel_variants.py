@@ -61,6 +61,9 @@ SLOTS = {
     "o_end": 13,
     "o_merged": 14,
     "o_fin": 15,
+    "s_tile1": 11,  # tile 1's scores done
+    "s_p0": 16,  # first warpgroup: tile 0's p handed over (p_full)
+    "s_tile2": 17,  # tile 2's scores done (its gather went out when tile 0 was released)
     "s_last_top": 21,  # top of the last tile's iteration
     "s_last_scored": 20,  # the last tile's scores done
     "s_cw": 22,  # after the loop: the cluster barrier waited (the partner's mbarrier is ready)
@@ -160,6 +163,12 @@ _STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
      "s_last_scored", 12, False, _LAST),
     (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
      "s_tile0", 12, False, "i == 0"),
+    (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
+     "s_tile1", 12, False, "i == 1"),
+    (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
+     "s_tile2", 12, False, "i == 2"),
+    (_S, "            mbarrier.arrive(p_full)  # all of p and alpha is stored\n", "s_p0", 12,
+     False, "i == 0"),
     (_S, "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes",
      "s_loop", 8, True, ""),
     (_S, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n", "s_cw", 12, False, ""),

@@ -54,6 +54,9 @@ def test_phases_from_stamps() -> None:
         words[row, s["s_start"]] = t0
         words[row, s["s_q"]] = t0 + 1500
         words[row, s["s_tile0"]] = t0 + 5000
+        words[row, s["s_p0"]] = t0 + 5600
+        words[row, s["s_tile1"]] = t0 + 6200
+        words[row, s["s_tile2"]] = t0 + 8000
         words[row, s["s_last_top"]] = t0 + 5000 + 14 * 2000
         words[row, s["s_last_scored"]] = t0 + 5000 + 15 * 2000
         words[row, s["s_loop"]] = words[row, s["s_last_scored"]] + 900
@@ -71,6 +74,9 @@ def test_phases_from_stamps() -> None:
     assert np.allclose(rows["start"], [0.0, 0.1, 0.2, 0.3])
     assert np.allclose(rows["per tile, tile 0 .. last scored"], 2.0)
     assert np.allclose(rows["last tile: softmax .. p.v"], 0.9)
+    assert np.allclose(rows["tile 0: scored -> p handed over"], 0.6)
+    assert np.allclose(rows["tile 0 scored -> tile 1 scored"], 1.2)
+    assert np.allclose(rows["tile 1 scored -> tile 2 scored"], 1.8)
     for keeper in ("split 0 keeper", "split 1 keeper"):
         merged = rows[f"{keeper}: in -> merged"]
         assert np.allclose(merged, 0.8) and len(merged) == 2
