@@ -314,7 +314,7 @@ def novote(src: str) -> str:
     vote (a bar.red a tile). What the vote costs the tile chain. Before the lazy max
     (commit 9a797aa) the fixmax and noalpha ablations fixed the max at 8
     and dropped the rescale: 32x64 -1.19 / -1.35 us."""
-    old = "        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
+    old = "        if _sm90_vote_above(s2, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
     return _sub(src, "_sm90_kv_lazy_tile", old, "        if i == 0:\n")
 
 
@@ -322,7 +322,7 @@ def noexact(src: str) -> str:
     """Ablation (wrong lse, so wrong results): the lazy max never moves, not even at the
     first tile (p = exp2(s), which the bench's random scores keep finite). What the
     first tile's exact max and second store of p cost."""
-    old = "        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
+    old = "        if _sm90_vote_above(s2, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
     new = old.replace("if ", "").replace(" != 0:", "") + "        if False:\n"
     return _sub(src, "_sm90_kv_lazy_tile", old, new)
 

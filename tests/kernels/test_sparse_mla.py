@@ -304,8 +304,8 @@ def make_moving_max_inputs(
     across the tiles by more than exp2 can span (2^128), so that the lazy running max of
     the KV-major s_by_one loop has to move after its first tile: 0 rises by 200 over the
     top-k, 1 falls by 200, 2 is noise with +120 spikes late in each split, 3 rises with
-    masked runs. Each token's rows are
-    its own slots; k = u * score / scale along the token's q direction u, plus noise."""
+    masked runs. Each token's rows are its own slots; k = u * score / scale along the
+    token's q direction u, plus noise."""
     gen = torch.Generator().manual_seed(seed)
     t = 4
     u = torch.randn(t, D, generator=gen)

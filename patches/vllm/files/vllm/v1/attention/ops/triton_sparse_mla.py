@@ -435,20 +435,20 @@ if _HAS_GLUON:
         (bar.red instead of bar.sync), so it costs no barrier of its own. Where one did,
         the max, p, alpha, the row sums and this warpgroup's oT are redone and p stored
         again before the second warpgroup is told; p stays <= 2^LAZY_MAX_SLACK."""
-        s = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
-        p = gl.exp2(s - m_use[None, :])
+        s2 = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
+        p = gl.exp2(s2 - m_use[None, :])
         ones = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
         # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
         mbarrier.wait(p_empty, (i & 1) ^ 1, pred=i > 0)
         p_smem.store(p.to(p_smem.dtype))
         alpha_smem.store(ones)
         gl_fence_async_shared()
-        if _sm90_vote_above(s, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:
-            m_new = gl.maximum(m_i, gl.max(s, 0))
+        if _sm90_vote_above(s2, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:
+            # The exact online-softmax step (alpha is 0 while m was -inf: l, oT are 0).
+            m_new, alpha, p, l_part = _sm90_kv_online_softmax(
+                s, ss, qk_scale, m_i, l_part, True
+            )
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)  # 0 while m was -inf (l and oT are 0 then)
-            p = gl.exp2(s - m_use[None, :])
-            l_part = l_part * alpha[None, :] + p
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, O_LAYOUT))  # same layout
             acc = acc * alpha_o[None, :]
             m_i = m_new
