@@ -310,21 +310,23 @@ def halfqk(src: str) -> str:
 
 def novote(src: str) -> str:
     """Ablation (valid only where no score rises LAZY_MAX_SLACK above the first tile's
-    max, as in the bench's random data): the lazy max moves at tile 0 only, without the
-    vote (a bar.red a tile). What the vote costs the tile chain. Before the lazy max
-    (commit 9a797aa) the fixmax and noalpha ablations fixed the max at 8
-    and dropped the rescale: 32x64 -1.19 / -1.35 us."""
+    max, as in the bench's random data): the lazy max moves at tile 0 only (its exact
+    max), without the vote (a bar.red a tile). What the vote costs the tile chain.
+    Before the lazy max (commit 9a797aa) the fixmax and noalpha ablations fixed the max
+    at 8 and dropped the rescale: 32x64 -1.19 / -1.35 us."""
     old = "        if _sm90_vote_above(s2, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
-    return _sub(src, "_sm90_kv_lazy_tile", old, "        if i == 0:\n")
+    return _sub(src, "_sm90_kv_lazy_tile", old, "        if False:\n")
 
 
 def noexact(src: str) -> str:
     """Ablation (wrong lse, so wrong results): the lazy max never moves, not even at the
     first tile (p = exp2(s), which the bench's random scores keep finite). What the
-    first tile's exact max and second store of p cost."""
+    first tile's exact max costs (before variant 72 also a second p and store there)."""
     old = "        if _sm90_vote_above(s2, m_i + _LAZY_SLACK, p, BLOCK_N, BLOCK_H, i) != 0:\n"
     new = old.replace("if ", "").replace(" != 0:", "") + "        if False:\n"
-    return _sub(src, "_sm90_kv_lazy_tile", old, new)
+    src = _sub(src, "_sm90_kv_lazy_tile", old, new)
+    old = "        if i == 0:  # the tile every CTA starts on: one p, one store\n"
+    return _sub(src, "_sm90_kv_lazy_tile", old, "        if False:\n")
 
 
 # The lone-token Triton build (h16_n16 at batch 1, 8-16 heads): what each part costs.
@@ -479,3 +481,4 @@ def stagger(src: str) -> str:
 
 
 VARIANTS["stagger"] = stagger
+

@@ -429,13 +429,19 @@ if _HAS_GLUON:
         The exact max of a tile is a cross-warp reduction over its rows on this
         warpgroup's chain, which at 32 heads is as long as a tile's DRAM time. Instead the
         reference m_use (the running max m, or 0 while m is -inf) moves only when some
-        score rises more than LAZY_MAX_SLACK above m: at the first valid tile, and rarely
-        after. p = exp2(s - m_use) is computed and stored with alpha = 1 at once, and the
+        score rises more than LAZY_MAX_SLACK above m: at tile 0 (or the first valid tile),
+        and rarely after.
+        p = exp2(s - m_use) is computed and stored with alpha = 1 at once, and the
         question whether any score rose is asked in the barrier that orders those stores
         (bar.red instead of bar.sync), so it costs no barrier of its own. Where one did,
         the max, p, alpha, the row sums and this warpgroup's oT are redone and p stored
-        again before the second warpgroup is told; p stays <= 2^LAZY_MAX_SLACK."""
+        again before the second warpgroup is told; p stays <= 2^LAZY_MAX_SLACK. Tile 0
+        takes the exact max before its p instead (nothing is held against the old max
+        there), so the vote cannot fire at it."""
         s2 = gl.where((ss >= 0)[:, None], s * qk_scale, float("-inf"))
+        if i == 0:  # the tile every CTA starts on: one p, one store
+            m_i = gl.max(s2, 0)
+            m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
         p = gl.exp2(s2 - m_use[None, :])
         ones = gl.full([BLOCK_H], 1.0, gl.float32, layout=gl.SliceLayout(0, O_LAYOUT))
         # The second warpgroup is past tile i-1's p . v: p and alpha may be replaced.
