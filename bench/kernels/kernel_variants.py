@@ -18,6 +18,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   pdl_trigger  every grid lets its dependents launch at its start (in the bench: the next call)
   no_merge_pdl  the merge kernel launched in stream order (the split grid does not trigger it)
   stagger   the producers issue tile 1 once tile 0 has landed (no start-up DRAM bubble)
+  pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
   novote    ablation (random data only): the lazy max moves at tile 0 only, no vote
   noexact   ablation (wrong lse): the lazy max never moves, not even at tile 0
@@ -482,3 +483,88 @@ def stagger(src: str) -> str:
 
 VARIANTS["stagger"] = stagger
 
+
+
+_PULL_ASM = '''    # pull: each CTA leaves its outgoing half of o, lse and 1/l in its own buffer
+    # (local stores); the partner's keeper reads them there (ld.shared::cluster) once signalled,
+    # then arrives on this CTA's second barrier (bytes 8-15), which this CTA's keeper
+    # waits on before it exits, so that the buffer outlives the partner's reads.
+    _XCHG_PUT4L_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a;\\n"
+        " setp.ne.s32 p, $12, 0;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $8;\\n"
+        " @p st.shared.v4.f32 [a], {$4, $5, $6, $7};\\n"
+        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0; }"
+    )
+    _XCHG_PUTL_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $2;\\n"
+        " st.shared.f32 [a], $1;\\n"
+        " mov.u32 $0, 0; }"
+    )
+    _XCHG_GET4R_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred p; .reg .u32 a;\\n"
+        " setp.ne.s32 p, $8, 0;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $4;\\n" + _TO_PARTNER +
+        " mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0;\\n"
+        " @p ld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [a]; }"
+    )
+    _XCHG_GETR_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $1;\\n" + _TO_PARTNER +
+        " ld.shared::cluster.f32 $0, [a]; }"
+    )
+    _XCHG_DONE_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .u32 a;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, 8;\\n" + _TO_PARTNER +
+        " mbarrier.arrive.release.cta.shared::cluster.b64 _, [a];\\n"
+        " mov.u32 $0, 0; }"
+    )
+    _XCHG_DONE_WAIT_ASM: gl.constexpr = gl.constexpr(
+        "{ .reg .pred done; .reg .u32 a;\\n"
+        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, 8;\\n"
+        " doneWait:\\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [a], 0;\\n"
+        " @!done bra doneWait;\\n"
+        " mov.u32 $0, 0; }"
+    )
+
+'''
+
+
+def _sub_all(src: str, fn: str, old: str, new: str, n: int) -> str:
+    a, b = _span(src, fn)
+    if (k := src[a:b].count(old)) != n:
+        raise KeyError(f"anchor in {fn} found {k} times, not {n}: {old.strip()[:70]!r}")
+    return src[:a] + src[a:b].replace(old, new) + src[b:]
+
+
+def pull(src: str) -> str:
+    """The s_by_one cluster exchange pulled instead of pushed: a sender stores its half of
+    o (and lse, 1/l) into its own buffer and signals (the release fence then waits for
+    local stores only, not for 32 KiB of remote ones); the keeper reads the partner's
+    buffer with ld.shared::cluster, then tells the partner it may exit. Not an ablation:
+    results stand."""
+    old = "    @gluon.jit\n    def _sm90_per_thread("
+    src = _sub(src, None, old, _PULL_ASM + old)
+    old = '            f" @p mbarrier.init.shared::cta.b64 [a], {senders};\\n"\n'
+    new = old + '            " @p mbarrier.init.shared::cta.b64 [a+8], 128;\\n"\n'
+    src = _sub(src, None, old, new)
+    src = _sub_all(src, "_sm90_kv1_send_half", "_XCHG_PUT4_ASM,", "_XCHG_PUT4L_ASM,", 1)
+    src = _sub_all(src, "_sm90_kv1_send_stats", "_XCHG_PUT_ASM,", "_XCHG_PUTL_ASM,", 2)
+    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET4_ASM,", "_XCHG_GET4R_ASM,", 1)
+    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET_ASM,", "_XCHG_GETR_ASM,", 2)
+    old = (
+        "                    lse_ptr + t * stride_lt + offs_h * stride_lh,"
+        " lse_tot * 0.6931471805599453,\n"
+        "                    mask=offs_h < H,\n"
+        "                )  # fmt: skip\n"
+    )
+    new = (
+        old + "            _sm90_per_thread(_XCHG_DONE_ASM, 4)  # this CTA has read the partner's\n"
+        "            _sm90_per_thread(_XCHG_DONE_WAIT_ASM, 4)  # the partner has read this one's\n"
+    )
+    return _sub(src, "_sm90_kv1_finish", old, new)
+
+
+VARIANTS["pull"] = pull
