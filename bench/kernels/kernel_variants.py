@@ -20,6 +20,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   stagger   the producers issue tile 1 once tile 0 has landed (no start-up DRAM bubble)
   pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   sentinel  the s_by_one exchange with no fence: the keeper spins until no sentinel is left
+  qk2, qk2i  KV-major q.kT in two accumulator chains (latent halves; qk2i one k-step of each in turn)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
   novote    ablation (random data only): the lazy max moves at tile 0 only, no vote
   noexact   ablation (wrong lse): the lazy max never moves, not even at tile 0
@@ -636,3 +637,50 @@ def sentinel(src: str) -> str:
 
 
 VARIANTS["sentinel"] = sentinel
+
+
+def _qk_two_chains(interleave: bool) -> Callable[[str], str]:
+    def patch(src: str) -> str:
+        old = (
+            "        s_tok = gl_wgmma(\n"
+            "            kv_smem.index(buf), q_smem.permute((1, 0)), s_zero, use_acc=False,"
+            " is_async=True\n"
+            "        )\n"
+            "        s_tok = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_tok,"
+            " is_async=True)\n"
+        )
+        kv = "kv_smem.index(buf)"
+        if interleave:  # one k-step of each chain in turn
+            new = (
+                "        s_a = s_zero\n        s_b = s_zero\n"
+                "        for k in gl.static_range(16):\n"
+                f"            s_a = gl_wgmma({kv}.slice(16 * k, 16, 1),"
+                " q_smem.slice(16 * k, 16, 1).permute((1, 0)), s_a, use_acc=k > 0,"
+                " is_async=True)\n"
+                f"            s_b = gl_wgmma({kv}.slice(256 + 16 * k, 16, 1),"
+                " q_smem.slice(256 + 16 * k, 16, 1).permute((1, 0)), s_b, use_acc=k > 0,"
+                " is_async=True)\n"
+            )
+        else:
+            new = (
+                f"        s_a = gl_wgmma({kv}.slice(0, 256, 1),"
+                " q_smem.slice(0, 256, 1).permute((1, 0)), s_zero, use_acc=False,"
+                " is_async=True)\n"
+                f"        s_b = gl_wgmma({kv}.slice(256, 256, 1),"
+                " q_smem.slice(256, 256, 1).permute((1, 0)), s_zero, use_acc=False,"
+                " is_async=True)\n"
+            )
+        new += (
+            "        s_b = gl_wgmma(kpe_smem.index(buf), qpe_smem.permute((1, 0)), s_b,"
+            " is_async=True)\n"
+        )
+        src = _sub(src, "_sm90_kv_scores", old, new)
+        old = "        s = gl_wgmma_wait(0, deps=[s_tok])\n"
+        new = "        s_a, s_b = gl_wgmma_wait(0, deps=[s_a, s_b])\n        s = s_a + s_b\n"
+        return _sub(src, "_sm90_kv_scores", old, new)
+
+    return patch
+
+
+VARIANTS["qk2"] = _qk_two_chains(False)
+VARIANTS["qk2i"] = _qk_two_chains(True)
