@@ -20,7 +20,7 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   stagger   the producers issue tile 1 once tile 0 has landed (no start-up DRAM bubble)
   pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   sentinel  the s_by_one exchange with no fence: the keeper spins until no sentinel is left
-  qk2, qk2i  KV-major q.kT in two accumulator chains (latent halves; qk2i one k-step of each in turn)
+  qk2, qk2i  KV-major q.kT as two accumulator chains (qk2i: a k-step of each in turn)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
   novote    ablation (random data only): the lazy max moves at tile 0 only, no vote
   noexact   ablation (wrong lse): the lazy max never moves, not even at tile 0
