@@ -21,6 +21,8 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   sentinel  the s_by_one exchange with no fence: the keeper spins until no sentinel is left
   qk2, qk2i  KV-major q.kT as two accumulator chains (qk2i: a k-step of each in turn)
+  x16, x16u  the s_by_one exchange in fp16 with a power-of-two scale a 16-value pack
+             (x16: o divided by l before it is sent; x16u: unscaled, at the loop end)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
   novote    ablation (random data only): the lazy max moves at tile 0 only, no vote
   noexact   ablation (wrong lse): the lazy max never moves, not even at tile 0
@@ -684,3 +686,191 @@ def _qk_two_chains(interleave: bool) -> Callable[[str], str]:
 
 VARIANTS["qk2"] = _qk_two_chains(False)
 VARIANTS["qk2i"] = _qk_two_chains(True)
+
+
+def _x16_put_asm() -> str:
+    m = "".join(f" abs.f32 x, ${k}; max.f32 m, m, x;\\n" for k in range(17, 32))
+    cv = "".join(
+        f" mul.f32 y0, ${16 + 2 * i}, x; mul.f32 y1, ${17 + 2 * i}, x;"
+        f" cvt.rn.f16x2.f32 h{i}, y1, y0;\\n"
+        for i in range(8)
+    )
+    outs = " ".join(f"mov.u32 ${k}, 0;" for k in range(16))
+    return (
+        '"{ .reg .f32 m, x, y0, y1; .reg .b32 e, s, b, h0, h1, h2, h3, h4, h5, h6, h7;'
+        ' .reg .u32 a;\\n"\n'
+        f'        " abs.f32 m, $16;\\n{m}"\n'
+        '        " mov.b32 e, m; shr.u32 e, e, 23; mov.u32 s, 268; sub.u32 s, s, e;'
+        ' min.u32 s, s, 253;\\n"\n'
+        '        " shl.b32 b, s, 23; mov.b32 x, b;\\n"\n'
+        f'        "{cv}"\n'
+        '        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $32;\\n" + _TO_PARTNER +\n'
+        '        " st.shared::cluster.v4.b32 [a], {h0, h1, h2, h3};\\n"\n'
+        '        " st.shared::cluster.v4.b32 [a+2048], {h4, h5, h6, h7};\\n"\n'
+        '        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $48;\\n" + _TO_PARTNER +\n'
+        '        " st.shared::cluster.b32 [a], s;\\n"\n'
+        f'        " {outs} }}"'
+    )
+
+
+def _x16_get_asm() -> str:
+    cv = "".join(
+        f" mov.b32 {{lo, hi}}, h{i}; cvt.f32.f16 ${2 * i}, lo; cvt.f32.f16 ${2 * i + 1}, hi;"
+        f" mul.f32 ${2 * i}, ${2 * i}, x; mul.f32 ${2 * i + 1}, ${2 * i + 1}, x;\\n"
+        for i in range(8)
+    )
+    return (
+        '"{ .reg .u32 a, s, b; .reg .b32 h0, h1, h2, h3, h4, h5, h6, h7; .reg .f32 x;'
+        ' .reg .b16 lo, hi;\\n"\n'
+        '        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $16;\\n"\n'
+        '        " ld.shared.v4.b32 {h0, h1, h2, h3}, [a];\\n"\n'
+        '        " ld.shared.v4.b32 {h4, h5, h6, h7}, [a+2048];\\n"\n'
+        '        " mov.u32 a, sparse_mla_xchg; add.u32 a, a, $32;\\n"\n'
+        '        " ld.shared.b32 s, [a];\\n"\n'
+        '        " mov.u32 b, 254; sub.u32 b, b, s; shl.b32 b, b, 23; mov.b32 x, b;\\n"\n'
+        f'        "{cv} }}"'
+    )
+
+
+_X16_CODE = f'''    # x16: the exchanged half of o normalised (divided by l), in fp16, 16 values
+    # (two 16-byte chunks, 2048 bytes apart) a scale: each pack's largest magnitude is scaled
+    # into [2^14, 2^15) by a power of two whose biased exponent goes beside it.
+    _X16_EXP: gl.constexpr = gl.constexpr(_XCHG_DATA_BYTES + 16384)
+    _X16_PUT_ASM: gl.constexpr = gl.constexpr(
+        {_x16_put_asm()}
+    )
+    _X16_PUT_CONS: gl.constexpr = gl.constexpr(",".join(["=r"] * 16 + ["f"] * 16 + ["r"] * 32))
+    _X16_GET_ASM: gl.constexpr = gl.constexpr(
+        {_x16_get_asm()}
+    )
+    _X16_GET_CONS: gl.constexpr = gl.constexpr(",".join(["=f"] * 16 + ["r"] * 32))
+
+    @gluon.jit
+    def _sm90_kv1_x16_offsets(BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr):
+        """x16: per element, its pack's chunk offset and scale offset in the buffer (the
+        pack of 16 consecutive registers: m-block major, then 8-head blocks)."""
+        rows = gl.arange(0, DV // 2, layout=gl.SliceLayout(1, O_LAYOUT))[:, None]
+        heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, O_LAYOUT))[None, :]
+        t = ((rows % 64) // 16) * 32 + (rows % 8) * 4 + (heads % 8) // 2
+        j = ((rows // 64) * (BLOCK_H // 8) * 4) // 16
+        return _XCHG_DATA + ((2 * j) * 128 + t) * 16, _X16_EXP + (j * 128 + t) * 4
+
+    @gluon.jit
+    def _sm90_kv1_send_half16(
+        o, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
+    ):  # fmt: skip
+        off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)
+        gl.inline_asm_elementwise(
+            _X16_PUT_ASM, _X16_PUT_CONS, [o, off, eoff], dtype=gl.int32, is_pure=False, pack=16
+        )
+
+'''
+
+
+def x16(src: str) -> str:
+    """The s_by_one cluster exchange sends the half of o already divided by l, in fp16
+    with a power-of-two scale a 16-value pack (half the bytes of fp32, ~11 bits kept
+    against the pack's largest value, no range limit). Split 1's first warpgroup
+    computes lse and 1/l before sending; split 0's second waits for 1/l from its first.
+    Not an ablation: results stand (within fp16's precision)."""
+    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
+    src = _sub(src, None, anchor, _X16_CODE + anchor)
+    f = "_sm90_kv1_s_wg"
+    old = (
+        "        if CLUSTER2:  # the partner's barrier is ready;"
+        " in split 1 this half goes at once\n"
+        "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n"
+        "            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below\n"
+        "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
+    )
+    src = _sub(src, f, old, "")
+    old = (
+        "        if CLUSTER2:\n"
+        "            _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)\n"
+        "        if not CLUSTER2 or sp == 1:"
+        "  # the second warpgroup keeps its half: hand 1/l over\n"
+    )
+    new = (
+        "        if CLUSTER2:\n"
+        "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n"
+        "            if sp == 1:\n"
+        "                _sm90_kv1_send_half16(acc * inv[None, :], BLOCK_H, DV, O_LAYOUT)\n"
+        "            _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)\n"
+        "        if True:  # both splits' second warpgroups need 1/l\n"
+    )
+    src = _sub(src, f, old, new)
+    f = "_sm90_kv1_o_wg"
+    old = (
+        "        if CLUSTER2 and sp == 0:"
+        "  # split 0 keeps the first half: send this one, unscaled\n"
+        "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
+        "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
+        "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
+        "        else:\n"
+        "            mbarrier.wait(p_full, n_tiles & 1)\n"
+        "            inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))\n"
+        "            lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))\n"
+    )
+    new = (
+        "        mbarrier.wait(p_full, n_tiles & 1)\n"
+        "        inv = alpha_smem.load(gl.SliceLayout(0, O_LAYOUT))\n"
+        "        lse2 = lse_smem.load(gl.SliceLayout(0, O_LAYOUT))\n"
+        "        if CLUSTER2 and sp == 0:\n"
+        "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
+        "            _sm90_kv1_send_half16(acc * inv[None, :], BLOCK_H, DV, O_LAYOUT)\n"
+        "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
+        "        else:\n"
+    )
+    src = _sub(src, f, old, new)
+    f = "_sm90_kv1_finish"
+    old = "            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)\n"
+    new = "            off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)\n"
+    src = _sub(src, f, old, new)
+    old = (
+        "            o_other = gl.inline_asm_elementwise(\n"
+        '                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
+        " [off, gl.full_like(off, 1)],\n"
+        "                dtype=gl.float32, is_pure=False, pack=4,\n"
+        "            )  # fmt: skip\n"
+    )
+    new = (
+        "            o_other = gl.inline_asm_elementwise(\n"
+        "                _X16_GET_ASM, _X16_GET_CONS, [off, eoff], dtype=gl.float32,"
+        " is_pure=False, pack=16,\n"
+        "            )  # fmt: skip\n"
+    )
+    src = _sub(src, f, old, new)
+    old = "_sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)"
+    return _sub(src, f, old, "_sm90_merge2(out, o_other, lse2, lse_other)")
+
+
+VARIANTS["x16"] = x16
+
+
+def x16u(src: str) -> str:
+    """As x16, but the half goes unscaled at the loop end as today (the keeper still
+    multiplies it by the partner's 1/l): the pack's power-of-two scale covers the row
+    sums' range, and fp16's own exponent keeps each value within 2^28 of its pack's
+    largest at 11 bits. Not an ablation: results stand (within that precision)."""
+    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
+    src = _sub(src, None, anchor, _X16_CODE + anchor)
+    for fn in ("_sm90_kv1_s_wg", "_sm90_kv1_o_wg"):
+        old = "_sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)"
+        src = _sub(src, fn, old, "_sm90_kv1_send_half16(acc, BLOCK_H, DV, O_LAYOUT)")
+    f = "_sm90_kv1_finish"
+    old = "            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)\n"
+    new = "            off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)\n"
+    src = _sub(src, f, old, new)
+    old = (
+        '                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
+        " [off, gl.full_like(off, 1)],\n"
+        "                dtype=gl.float32, is_pure=False, pack=4,\n"
+    )
+    new = (
+        "                _X16_GET_ASM, _X16_GET_CONS, [off, eoff], dtype=gl.float32,"
+        " is_pure=False, pack=16,\n"
+    )
+    return _sub(src, f, old, new)
+
+
+VARIANTS["x16u"] = x16u
