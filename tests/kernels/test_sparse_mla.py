@@ -360,6 +360,42 @@ def test_cluster_merge_without_cluster_launch_uses_the_merge_kernel(monkeypatch)
     run_checked(q, kv, idx, 0.05, config=mod._CONFIGS_BIG["ws_h16"], num_splits=2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["ws_h8", "ws_h16", "ws_h32"])
+def test_cluster_exchange_keeps_each_value_to_bf16(monkeypatch, name: str) -> None:
+    # The cluster exchange carries each split's half of o, not yet divided by l, between
+    # the pair. With latent columns scaled 1e-3..1e3 apart and heads' score scales 1-5x
+    # apart (row sums up to ~2^10 apart), every output value must stay within 2 bf16 ulps
+    # of the merge kernel's (fp32 partials) or within 1e-6 of its column's largest. The
+    # fp32 exchange meets it; the fp16 one with a power-of-two scale a 16-register pack
+    # (notes, variant 77) missed by up to 1.4e-4 of a small column's largest.
+    cfg = mod._CONFIGS_BIG[name]
+    h = max(8, cfg.block_h - 2)
+    gen = torch.Generator().manual_seed(11)
+    q, kv, idx = make_inputs(6, h, 2048, num_blocks=256, seed=11)
+    cols = torch.logspace(-3, 3, D, dtype=torch.float64)[torch.randperm(D, generator=gen)]
+    kv = (kv.double() * cols.to(kv.device)).to(kv.dtype)
+    head_scale = (1 + torch.arange(h, device=q.device) % 5)[None, :, None]
+    q = (q.float() * head_scale / cols.to(q.device).float().clamp_min(1.0)).to(q.dtype)
+    idx[1, 100:900] = -1
+    if torch.cuda.get_device_capability()[0] != 9:
+        with pytest.raises(ValueError, match="SM90"):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
+        return
+    o_c, lse_c = mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
+    monkeypatch.setattr(mod, "_launch_in_pairs", lambda *a: False)
+    o_m, lse_m = mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
+    a, b = o_c.double(), o_m.double()
+    col_max = b.abs().amax(dim=(0, 1), keepdim=True)  # per latent column
+    rel = (a - b).abs() / (b.abs() + 1e-6 / 2.0**-7 * col_max)
+    worst = rel.argmax()
+    assert rel.max().item() <= 2.0**-7, (
+        f"cluster vs merge kernel: {rel.max().item():.2e} relative at a value"
+        f" {(b.abs() / col_max).flatten()[worst].item():.1e} of its column's largest"
+    )
+    assert torch.allclose(lse_c, lse_m, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("h", [8, 16, 32])
 def test_sm90_batch64_merges_in_clusters(h: int) -> None:
     # 64 tokens of 8-32 heads on 132 SMs: one head block, two splits, cluster_merge, and
