@@ -62,11 +62,22 @@ def member_from_sdist(sdist: Path) -> bytes:
 def main() -> int:
     sys.path.insert(0, str(REPO / "build"))
     from pipeline import fetch, pins  # the pipeline's cache and sha256 check
+    from pipeline.errors import PipelineError
 
-    sdist = fetch.fetch_one(pins.load().file(SDIST_PIN))  # cached, or downloaded and verified
-    COPY.parent.mkdir(parents=True, exist_ok=True)
-    COPY.write_bytes(member_from_sdist(sdist))
-    pinned_sparse_utils()
+    try:  # cached, or downloaded and verified
+        sdist = fetch.fetch_one(pins.load().file(SDIST_PIN))
+        COPY.parent.mkdir(parents=True, exist_ok=True)
+        COPY.write_bytes(member_from_sdist(sdist))
+        pinned_sparse_utils()
+    except (PipelineError, PinnedCopyError, OSError) as exc:
+        # e.g. a GPU machine with no package index: the copy must travel with the checkout
+        print(
+            f"pinned_upstream: error: {exc}\n"
+            f"pinned_upstream: without a package index, run `make kernel-upstream` where"
+            f" there is one and carry {COPY.parent.relative_to(REPO)}/ with the checkout",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {COPY.relative_to(REPO)} ({MEMBER} from {sdist.name}, sha256 {MEMBER_SHA256})")
     return 0
 
