@@ -128,11 +128,15 @@ def _span(src: str, fn: str | None) -> tuple[int, int]:
     return a, (b if b > 0 else len(src))
 
 
-def _sub(src: str, fn: str | None, old: str, new: str) -> str:
+def _sub(src: str, fn: str | None, old: str, new: str, count: int = 1) -> str:
+    """Replace old (which must occur count times in function fn, or the module) by new."""
     a, b = _span(src, fn)
     n = src[a:b].count(old)
-    if n != 1:
-        raise KeyError(f"anchor in {fn or 'the module'} found {n} times: {old.strip()[:70]!r}")
+    if n != count:
+        want = "" if count == 1 else f", not {count}"
+        raise KeyError(
+            f"anchor in {fn or 'the module'} found {n} times{want}: {old.strip()[:70]!r}"
+        )
     return src[:a] + src[a:b].replace(old, new) + src[b:]
 
 
@@ -536,13 +540,6 @@ _PULL_ASM = '''    # pull: each CTA leaves its outgoing half of o, lse and 1/l i
 '''
 
 
-def _sub_all(src: str, fn: str, old: str, new: str, n: int) -> str:
-    a, b = _span(src, fn)
-    if (k := src[a:b].count(old)) != n:
-        raise KeyError(f"anchor in {fn} found {k} times, not {n}: {old.strip()[:70]!r}")
-    return src[:a] + src[a:b].replace(old, new) + src[b:]
-
-
 def pull(src: str) -> str:
     """The s_by_one cluster exchange pulled instead of pushed: a sender stores its half of
     o (and lse, 1/l) into its own buffer and signals (the release fence then waits for
@@ -554,10 +551,10 @@ def pull(src: str) -> str:
     old = '            f" @p mbarrier.init.shared::cta.b64 [a], {senders};\\n"\n'
     new = old + '            " @p mbarrier.init.shared::cta.b64 [a+8], 128;\\n"\n'
     src = _sub(src, None, old, new)
-    src = _sub_all(src, "_sm90_kv1_send_half", "_XCHG_PUT4_ASM,", "_XCHG_PUT4L_ASM,", 1)
-    src = _sub_all(src, "_sm90_kv1_send_stats", "_XCHG_PUT_ASM,", "_XCHG_PUTL_ASM,", 2)
-    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET4_ASM,", "_XCHG_GET4R_ASM,", 1)
-    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET_ASM,", "_XCHG_GETR_ASM,", 2)
+    src = _sub(src, "_sm90_kv1_send_half", "_XCHG_PUT4_ASM,", "_XCHG_PUT4L_ASM,")
+    src = _sub(src, "_sm90_kv1_send_stats", "_XCHG_PUT_ASM,", "_XCHG_PUTL_ASM,", 2)
+    src = _sub(src, "_sm90_kv1_finish", "_XCHG_GET4_ASM,", "_XCHG_GET4R_ASM,")
+    src = _sub(src, "_sm90_kv1_finish", "_XCHG_GET_ASM,", "_XCHG_GETR_ASM,", 2)
     old = (
         "                    lse_ptr + t * stride_lt + offs_h * stride_lh,"
         " lse_tot * 0.6931471805599453,\n"
@@ -626,10 +623,10 @@ def sentinel(src: str) -> str:
         '            " xchgFilled: }\\n"\n'
     )
     src = _sub(src, None, old, new)
-    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET4_ASM,", "_XCHG_GET4S_ASM,", 1)
-    src = _sub_all(src, "_sm90_kv1_finish", "_XCHG_GET_ASM,", "_XCHG_GETS_ASM,", 2)
+    src = _sub(src, "_sm90_kv1_finish", "_XCHG_GET4_ASM,", "_XCHG_GET4S_ASM,")
+    src = _sub(src, "_sm90_kv1_finish", "_XCHG_GET_ASM,", "_XCHG_GETS_ASM,", 2)
     wait = "            _sm90_per_thread(_XCHG_WAIT_ASM, 4)\n"
-    src = _sub_all(src, "_sm90_kv1_finish", wait, "", 1)
+    src = _sub(src, "_sm90_kv1_finish", wait, "")
     for fn in ("_sm90_kv1_s_wg", "_sm90_kv1_o_wg"):
         for sig in ("_XCHG_SIGNAL_ASM", "_XCHG_SIGNAL2_ASM"):
             a, b = _span(src, fn)
@@ -773,8 +770,7 @@ def x16(src: str) -> str:
     against the pack's largest value, no range limit). Split 1's first warpgroup
     computes lse and 1/l before sending; split 0's second waits for 1/l from its first.
     Not an ablation: results stand (within fp16's precision)."""
-    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
-    src = _sub(src, None, anchor, _X16_CODE + anchor)
+    src = _keeper16(src, _X16_CODE)
     f = "_sm90_kv1_s_wg"
     old = (
         "        if CLUSTER2:  # the partner's barrier is ready;"
@@ -822,26 +818,9 @@ def x16(src: str) -> str:
         "        else:\n"
     )
     src = _sub(src, f, old, new)
-    f = "_sm90_kv1_finish"
-    old = "            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)\n"
-    new = "            off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)\n"
-    src = _sub(src, f, old, new)
-    old = (
-        "            o_other = gl.inline_asm_elementwise(\n"
-        '                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
-        " [off, gl.full_like(off, 1)],\n"
-        "                dtype=gl.float32, is_pure=False, pack=4,\n"
-        "            )  # fmt: skip\n"
-    )
-    new = (
-        "            o_other = gl.inline_asm_elementwise(\n"
-        "                _X16_GET_ASM, _X16_GET_CONS, [off, eoff], dtype=gl.float32,"
-        " is_pure=False, pack=16,\n"
-        "            )  # fmt: skip\n"
-    )
-    src = _sub(src, f, old, new)
     old = "_sm90_merge2(out, o_other * inv_other[None, :], lse2, lse_other)"
-    return _sub(src, f, old, "_sm90_merge2(out, o_other, lse2, lse_other)")
+    new = "_sm90_merge2(out, o_other, lse2, lse_other)"
+    return _sub(src, "_sm90_kv1_finish", old, new)
 
 
 VARIANTS["x16"] = x16
@@ -856,11 +835,18 @@ def x16u(src: str) -> str:
 
 
 def _unscaled16(src: str, code: str) -> str:
-    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
-    src = _sub(src, None, anchor, code + anchor)
+    src = _keeper16(src, code)
     for fn in ("_sm90_kv1_s_wg", "_sm90_kv1_o_wg"):
         old = "_sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)"
         src = _sub(src, fn, old, "_sm90_kv1_send_half16(acc, BLOCK_H, DV, O_LAYOUT)")
+    return src
+
+
+def _keeper16(src: str, code: str) -> str:
+    """The fp16 exchange's code (code: _X16_CODE or _X16P_CODE) added, and the keeper
+    reading the partner's half through it."""
+    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
+    src = _sub(src, None, anchor, code + anchor)
     f = "_sm90_kv1_finish"
     old = "            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)\n"
     new = "            off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)\n"
