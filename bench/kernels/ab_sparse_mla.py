@@ -63,11 +63,20 @@ def main() -> int:
         ap.error(f"unknown config(s) {unknown}; known: ours, {', '.join(sweep)}")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
+    fm_missing = [m for m in bench.peers_missing() if m.startswith("flashmla")]
+    if fm_missing and not args.no_flashmla:
+        ap.error(
+            f"FlashMLA is not prepared: {fm_missing[0]}; run `make bench-peers` and carry"
+            " .bench-peers with the checkout, or pass --no-flashmla"
+        )
     torch.manual_seed(0)
     l2 = bench.l2_bytes(torch.cuda.get_device_properties(0))
     kv = torch.randn(bench.SLOTS, 576, device="cuda", dtype=torch.bfloat16)
     fm, fm_status = (None, "off") if args.no_flashmla else bench.load_flashmla()
     print(f"flashmla: {fm_status}", flush=True)
+    if fm is None and not args.no_flashmla:
+        print(f"ab_sparse_mla: error: FlashMLA did not load: {fm_status}", file=sys.stderr)
+        return 1
     failures = 0
     for h, t in args.cells:
         n_sets = bench.index_sets(t, l2)

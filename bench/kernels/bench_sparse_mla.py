@@ -5,6 +5,9 @@ Two steps:
   make bench-peers    # here, plain python3: fetch peers into .bench-peers/ (bench_peers.py)
   make bench-kernels  # on the GPU machine (carry .bench-peers): this file's `run`
 
+Without the prepared peers `run` stops at once with an error that names them
+(`--no-peers` times ours alone, with no peer columns).
+
 `run` measures the copy bandwidth and the bf16 matmul rate, checks every
 kernel against a float64 reference, then times all of them under CUDA-graph
 replay and prints one table: heads x tokens, topk 2048, bf16. Decode rows
@@ -79,6 +82,24 @@ def calls_per_replay(tokens: int, n_sets: int, topk: int = TOPK) -> int:
 
 
 # ----------------------------------------------------------------------------- peers
+
+
+def peers_missing() -> list[str]:
+    """The peers whose files `make bench-peers` prepares are not under PEERS."""
+    peers = PEERS
+    need = {
+        "hand": peers / "triton_decode_attention.py",
+        "flashmla": peers / "vllm/_flashmla_C.abi3.so",
+    }
+    return [f"{name} ({path})" for name, path in need.items() if not path.exists()]
+
+
+def peers_error(what: str) -> str:
+    return (
+        f"bench_sparse_mla: error: {what}; the targets are set against the peers timed in"
+        " the same run: run `make bench-peers` on a machine with an index and carry"
+        " .bench-peers with the checkout, or pass --no-peers to time ours alone"
+    )
 
 
 def load_decode_attention() -> Callable | None:
@@ -502,9 +523,16 @@ def run(args: argparse.Namespace) -> int:
     bw, mm = ceilings()
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
 
-    decode_fwd = load_decode_attention()
-    fm, fm_status = load_flashmla()
-    print(f"peers: hand={'ok' if decode_fwd else 'missing'} flashmla={fm_status}", flush=True)
+    if args.no_peers:
+        decode_fwd, fm = None, None
+        print("peers: not timed (--no-peers)", flush=True)
+    else:
+        decode_fwd = load_decode_attention()
+        fm, fm_status = load_flashmla()
+        print(f"peers: hand={'ok' if decode_fwd else 'missing'} flashmla={fm_status}", flush=True)
+        if decode_fwd is None or fm is None:  # prepared, yet not loadable here
+            print(peers_error(f"a peer did not load (flashmla: {fm_status})"), file=sys.stderr)
+            return 1
 
     slots = args.slots
     kv = torch.randn(slots, 576, device="cuda", dtype=torch.bfloat16)
@@ -611,7 +639,12 @@ def main() -> int:
     ap.add_argument("--variants", nargs="*", help="with --sweep: only names matching these")
     ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
     ap.add_argument("--wait-for", type=Path, help="after compiling, wait for this file to exist")
+    ap.add_argument("--no-peers", action="store_true", help="time ours alone (no peer columns)")
     args = ap.parse_args()
+    missing = [] if args.no_peers else peers_missing()
+    if missing:  # before any compile or GPU work
+        print(peers_error("peers not prepared: " + ", ".join(missing)), file=sys.stderr)
+        return 2
     os.environ.pop("TRITON_INTERPRET", None)
     return run(args)
 

@@ -60,3 +60,13 @@ def test_tile_cost_refuses_a_bad_cell_by_name() -> None:
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "cell '8x0': heads and tokens must be >= 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_flashmla_must_be_prepared_unless_left_out(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(ab_sparse_mla.bench, "PEERS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["ab_sparse_mla.py", "--configs", "ours", "--cells", "8x64"])
+    with pytest.raises(SystemExit) as exc:
+        ab_sparse_mla.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "FlashMLA is not prepared: flashmla (" in err and "--no-flashmla" in err

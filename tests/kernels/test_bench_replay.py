@@ -36,3 +36,20 @@ def test_the_capture_cycles_through_the_sets() -> None:
     order = [f() for f in bench.replay_order(fns, bench.calls_per_replay(32, 3))]
     assert order == [0, 1, 2] * 11
     assert [f() for f in bench.replay_order(fns, 0)] == [0, 1, 2]  # never fewer than the sets
+
+
+def test_the_table_refuses_to_run_without_its_peers(monkeypatch, tmp_path, capsys) -> None:
+    # A device call that did not carry .bench-peers printed a table with no peer columns
+    # and exited 0; the targets are set against the peers timed in the same run.
+    monkeypatch.setattr(bench, "PEERS", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bench_sparse_mla.py", "run", "--heads", "8"])
+    assert bench.main() == 2
+    err = capsys.readouterr().err
+    assert "bench_sparse_mla: error: peers not prepared:" in err
+    assert f"hand ({tmp_path}/triton_decode_attention.py)" in err
+    assert f"flashmla ({tmp_path}/vllm/_flashmla_C.abi3.so)" in err
+    assert "--no-peers" in err and "Traceback" not in err
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "triton_decode_attention.py").write_text("")
+    (tmp_path / "vllm/_flashmla_C.abi3.so").write_bytes(b"")
+    assert bench.peers_missing() == []
