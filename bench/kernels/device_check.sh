@@ -35,7 +35,7 @@ fi >"$out/bench.log" 2>&1
 bench_rc=$?
 wait "$tests"
 tail -n 25 "$out/pytest.log"
-grep -E "^(device|ceilings|peers|prewarmed)|FAIL|Error" "$out/bench.log" | head -40
+grep -E "^(device|ceilings|peers|prewarmed)|FAIL|Error|error:" "$out/bench.log" | head -40
 sed -n '/^sparse MLA, topk/,$p' "$out/bench.log"
 rc=0
 grep -q "pytest rc=0" "$out/pytest.log" || rc=1
