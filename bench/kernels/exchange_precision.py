@@ -47,8 +47,9 @@ def split_halves(
     q: torch.Tensor, rows: torch.Tensor, idx: torch.Tensor, block_h: int, scale: float
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per split (two, contiguous halves of topk): acc [T, BLOCK_H, 512] (sum of
-    2^(s - m) v with the lazy max m), l [T, BLOCK_H] and lse2 [T, BLOCK_H] (log2). Heads
-    past H are zero queries, computed as the kernel computes them."""
+    2^(s - m) v with the lazy max m, p in bf16 as the kernel's p . v reads it),
+    l [T, BLOCK_H] and lse2 [T, BLOCK_H] (log2). Heads past H are zero queries, computed
+    as the kernel computes them."""
     t, h, _ = q.shape
     qp = torch.zeros(t, block_h, D_QK, dtype=torch.float64)
     qp[:, :h] = q.double()
@@ -66,9 +67,10 @@ def split_halves(
             vote = (tile > m + mod.LAZY_MAX_SLACK).any(-1, keepdim=True)
             m = torch.where(first | vote, torch.maximum(m, tile), m)
         m_use = torch.where(torch.isinf(m), 0.0, m)
-        p = torch.exp2(s2 - m_use[..., None])
-        acc = torch.einsum("thk,tkd->thd", p, kv[..., :D_LATENT]).float()
-        l_ = p.sum(-1)
+        p = torch.exp2(s2 - m_use[..., None]).float()
+        pv = p.bfloat16().double()  # p . v takes p from shared memory in bf16
+        acc = torch.einsum("thk,tkd->thd", pv, kv[..., :D_LATENT]).float()
+        l_ = p.double().sum(-1)  # the row sums add fp32 p
         lse2 = torch.where(l_ > 0, m_use + torch.log2(l_.clamp_min(1e-300)), float("-inf"))
         out.append((acc, l_.float(), lse2.float()))
     return out
@@ -125,6 +127,7 @@ def pair_groups(block_h: int) -> torch.Tensor:
 def merged(
     halves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     groups: torch.Tensor | int | None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """o [T, BLOCK_H, 512] in bf16 as the keepers merge it: split s keeps columns
     [256 s, 256 s + 256) and gets the partner's unnormalised half: exact (None), in fp16
@@ -148,7 +151,7 @@ def merged(
         o = acc_me[..., cols] * (inv_me * w_me / den)[..., None]
         o = o + other * (inv_ot * w_ot / den)[..., None]
         parts.append(o)
-    return torch.cat(parts, -1).to(torch.bfloat16)
+    return torch.cat(parts, -1).to(dtype)
 
 
 def worst(a: torch.Tensor, b: torch.Tensor, h: int) -> tuple[float, float]:
@@ -159,6 +162,26 @@ def worst(a: torch.Tensor, b: torch.Tensor, h: int) -> tuple[float, float]:
     rel = (a - b).abs() / (b.abs() + 1e-6 / BOUND * col_max)
     i = rel.argmax()
     return rel.max().item(), (b.abs() / col_max).flatten()[i].item()
+
+
+def column_error_growth(
+    halves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    groups: torch.Tensor | int,
+    ref64: torch.Tensor,
+    h: int,
+) -> tuple[float, float]:
+    """Against the float64 reference: each latent column's RMS error with this encoding
+    over the fp32 exchange's (the kernel's own error, p in bf16 included), both before
+    the output's rounding to bf16 (which would add the same 2^-9 to both); the largest
+    and the median over the columns."""
+
+    def col_rms(o: torch.Tensor) -> torch.Tensor:
+        return (o[:, :h].double() - ref64).pow(2).mean(dim=(0, 1)).sqrt()
+
+    ratio = col_rms(merged(halves, groups, torch.float32)) / col_rms(
+        merged(halves, None, torch.float32)
+    )
+    return ratio.max().item(), ratio.median().item()
 
 
 def main() -> None:
@@ -190,6 +213,23 @@ def main() -> None:
     print("! over the bound; cases over it:", ", ".join(f"{k} {v}" for k, v in over.items()))
     bits = [b for n, b in encodings if isinstance(b, int) and not over[n]]
     print(f"fewest mantissa bits with no case over: {min(bits) if bits else '> 18'} (fp32: 23)")
+    print("\nagainst the float64 reference: a latent column's RMS error with the encoding over")
+    print("the fp32 exchange's, largest (median) over the 512 columns, the test's seed")
+    names = ["x16p", "m10", "m14", "m16", "m17"]
+    print(f"{'BLOCK_H':>7} " + " ".join(f"{n:>15}" for n in names))
+    enc = dict(encodings)
+    for block_h in (8, 16, 32):
+        q, rows, idx = test_inputs(block_h, 11)
+        halves = split_halves(q, rows, idx, block_h, 0.05)
+        ref64, _ = mod.reference_sparse_mla(q, rows, idx, 0.05)
+        cells = []
+        for name in names:
+            e = enc[name]
+            worst_col, median = column_error_growth(
+                halves, e(block_h) if callable(e) else e, ref64, q.shape[1]
+            )
+            cells.append(f"{worst_col:>6.3f} ({median:.4f})")
+        print(f"{block_h:>7} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -43,3 +43,9 @@ def test_model_refuses_fp16_and_passes_wide_mantissas_on_the_gpu_tests_inputs() 
     fp16, _ = ep.worst(ep.merged(halves, ep.pair_groups(8)), ref, q.shape[1])
     wide, _ = ep.worst(ep.merged(halves, 18), ref, q.shape[1])
     assert fp16 > 4 * ep.BOUND and wide <= ep.BOUND
+    # Against float64 (before the output's rounding), fp16 adds a visible share to the
+    # worst column's error and 17 bits next to none.
+    ref64, _ = ep.mod.reference_sparse_mla(q, rows, idx, 0.05)
+    worst16, median16 = ep.column_error_growth(halves, ep.pair_groups(8), ref64, q.shape[1])
+    worst17, _ = ep.column_error_growth(halves, 17, ref64, q.shape[1])
+    assert worst16 > 1.05 and median16 >= 1.0 and worst17 < 1.01
