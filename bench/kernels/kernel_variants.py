@@ -918,11 +918,18 @@ def _x16p_get_asm() -> str:
 
 # x16p: as x16u, but one scale a register pair (2 heads at one latent column) instead of a
 # 16-register pack: 8 scale bytes a pack, 40 bytes for 16 values (62.5% of fp32).
-_X16P_CODE = (
-    _X16_CODE.replace(_x16_put_asm(), _x16p_put_asm())
-    .replace(_x16_get_asm(), _x16p_get_asm())
-    .replace("_X16_EXP + (j * 128 + t) * 4", "_X16_EXP + (j * 128 + t) * 8")
-)
+def _x16p_code() -> str:
+    code = _X16_CODE
+    for old, new in (
+        (_x16_put_asm(), _x16p_put_asm()),
+        (_x16_get_asm(), _x16p_get_asm()),
+        ("_X16_EXP + (j * 128 + t) * 4", "_X16_EXP + (j * 128 + t) * 8"),
+    ):
+        code = _sub(code, None, old, new)  # each anchor once, or a KeyError naming it
+    return code
+
+
+_X16P_CODE = _x16p_code()
 
 
 def x16p(src: str) -> str:
