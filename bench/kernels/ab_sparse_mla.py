@@ -63,8 +63,8 @@ def main() -> int:
         ap.error(f"unknown config(s) {unknown}; known: ours, {', '.join(sweep)}")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    fm_missing = [m for m in bench.peers_missing() if m.startswith("flashmla")]
-    if fm_missing and not args.no_flashmla:
+    fm_missing = [] if args.no_flashmla else bench.peers_missing(("flashmla",))
+    if fm_missing:
         ap.error(
             f"FlashMLA is not prepared: {fm_missing[0]}; run `make bench-peers` and carry"
             " .bench-peers with the checkout, or pass --no-flashmla"

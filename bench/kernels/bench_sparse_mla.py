@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[2])]
-from bench_peers import PEERS  # noqa: E402
+from bench_peers import PEER_FILES, PEERS  # noqa: E402
 
 from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
 
@@ -84,14 +84,10 @@ def calls_per_replay(tokens: int, n_sets: int, topk: int = TOPK) -> int:
 # ----------------------------------------------------------------------------- peers
 
 
-def peers_missing() -> list[str]:
-    """The peers whose files `make bench-peers` prepares are not under PEERS."""
-    peers = PEERS
-    need = {
-        "hand": peers / "triton_decode_attention.py",
-        "flashmla": peers / "vllm/_flashmla_C.abi3.so",
-    }
-    return [f"{name} ({path})" for name, path in need.items() if not path.exists()]
+def peers_missing(names: tuple[str, ...] = tuple(PEER_FILES)) -> list[str]:
+    """Those of the named peers whose files `make bench-peers` prepares are not under
+    PEERS, each as 'name (path)'."""
+    return [f"{n} ({PEERS / PEER_FILES[n]})" for n in names if not (PEERS / PEER_FILES[n]).exists()]
 
 
 def peers_error(what: str) -> str:
@@ -103,8 +99,7 @@ def peers_error(what: str) -> str:
 
 
 def load_decode_attention() -> Callable | None:
-    path = PEERS / "triton_decode_attention.py"
-    if not path.exists():
+    if peers_missing(("hand",)):
         return None
     sys.path.insert(0, str(PEERS))
     import triton_decode_attention  # type: ignore[import-not-found]
@@ -113,7 +108,7 @@ def load_decode_attention() -> Callable | None:
 
 
 def load_flashmla() -> tuple[object | None, str]:
-    if not (PEERS / "vllm/_flashmla_C.abi3.so").exists():
+    if peers_missing(("flashmla",)):
         return None, "not prepared"
     # The extension links libcudart.so.13; torch's own copy may not be on the
     # loader path, so load it by file first.
