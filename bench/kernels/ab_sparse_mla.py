@@ -69,6 +69,8 @@ def main() -> int:
             f"FlashMLA is not prepared: {fm_missing[0]}; run `make bench-peers` and carry"
             " .bench-peers with the checkout, or pass --no-flashmla"
         )
+    if not torch.cuda.is_available():
+        ap.error("no CUDA GPU here; the A/B timing runs on a GPU")
     torch.manual_seed(0)
     l2 = bench.l2_bytes(torch.cuda.get_device_properties(0))
     kv = torch.randn(bench.SLOTS, 576, device="cuda", dtype=torch.bfloat16)

@@ -640,6 +640,9 @@ def main() -> int:
     if missing:  # before any compile or GPU work
         print(peers_error("peers not prepared: " + ", ".join(missing)), file=sys.stderr)
         return 2
+    if not torch.cuda.is_available():
+        print("bench_sparse_mla: error: no CUDA GPU here; `run` times on a GPU", file=sys.stderr)
+        return 2
     os.environ.pop("TRITON_INTERPRET", None)
     return run(args)
 

@@ -70,3 +70,13 @@ def test_flashmla_must_be_prepared_unless_left_out(monkeypatch, tmp_path, capsys
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "FlashMLA is not prepared: flashmla (" in err and "--no-flashmla" in err
+
+
+def test_no_gpu_is_one_error(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(ab_sparse_mla.torch.cuda, "is_available", lambda: False)
+    argv = ["ab_sparse_mla.py", "--configs", "ours", "--cells", "8x64", "--no-flashmla"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        ab_sparse_mla.main()
+    assert exc.value.code == 2
+    assert "error: no CUDA GPU here" in capsys.readouterr().err

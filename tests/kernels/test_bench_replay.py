@@ -53,3 +53,14 @@ def test_the_table_refuses_to_run_without_its_peers(monkeypatch, tmp_path, capsy
     (tmp_path / "triton_decode_attention.py").write_text("")
     (tmp_path / "vllm/_flashmla_C.abi3.so").write_bytes(b"")
     assert bench.peers_missing() == []
+
+
+def test_the_table_without_a_gpu_is_one_error(monkeypatch, tmp_path, capsys) -> None:
+    for name in bench.PEER_FILES.values():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(bench, "PEERS", tmp_path)
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["bench_sparse_mla.py", "run", "--heads", "8"])
+    assert bench.main() == 2
+    assert "bench_sparse_mla: error: no CUDA GPU here" in capsys.readouterr().err
