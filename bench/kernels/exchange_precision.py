@@ -27,13 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
 from kernel_loader import load_kernel_module  # noqa: E402
-from test_sparse_mla import exchange_inputs  # noqa: E402
+from test_sparse_mla import EXCHANGE_BOUND, exchange_inputs, exchange_rel  # noqa: E402
 
 mod = load_kernel_module()
 D_LATENT, D_QK = mod.D_LATENT, mod.D_QK
 BLOCK_N = mod._CONFIGS_BIG["ws_h32"].block_n  # ws_h8/16/32 alike
 LOG2E = 1.4426950408889634
-BOUND = 2.0**-7  # the test's: 2 bf16 ulps, or 1e-6 of the column's largest
+BOUND = EXCHANGE_BOUND
 
 
 def test_inputs(block_h: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -157,11 +157,9 @@ def merged(
 def worst(a: torch.Tensor, b: torch.Tensor, h: int) -> tuple[float, float]:
     """The test's measure over the real heads: the largest relative difference with the
     1e-6 floor, and the size of that value against its column's largest."""
-    a, b = a[:, :h].double(), b[:, :h].double()
-    col_max = b.abs().amax(dim=(0, 1), keepdim=True)
-    rel = (a - b).abs() / (b.abs() + 1e-6 / BOUND * col_max)
+    rel, col_max = exchange_rel(a[:, :h], b[:, :h])
     i = rel.argmax()
-    return rel.max().item(), (b.abs() / col_max).flatten()[i].item()
+    return rel.max().item(), (b[:, :h].double().abs() / col_max).flatten()[i].item()
 
 
 def column_error_growth(
