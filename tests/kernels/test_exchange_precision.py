@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "kernels"))
@@ -49,3 +50,11 @@ def test_model_refuses_fp16_and_passes_wide_mantissas_on_the_gpu_tests_inputs() 
     worst16, median16 = ep.column_error_growth(halves, ep.pair_groups(8), ref64, q.shape[1])
     worst17, _ = ep.column_error_growth(halves, 17, ref64, q.shape[1])
     assert worst16 > 1.05 and median16 >= 1.0 and worst17 < 1.01
+
+
+def test_seeds_below_one_are_refused_by_name(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["exchange_precision.py", "--seeds", "0"])
+    with pytest.raises(SystemExit) as exc:
+        ep.main()
+    assert exc.value.code == 2
+    assert "--seeds must be >= 1, not 0" in capsys.readouterr().err
