@@ -52,6 +52,26 @@ def parse(text: str) -> dict[str, float]:
     return values
 
 
+def progress_key(sample: dict[str, float]) -> tuple[float | None, ...]:
+    """What an engine step that does work changes."""
+    return tuple(sample.get(name) for name in PROGRESS)
+
+
+class QuietClock:
+    """Seconds since the engine last moved anything in PROGRESS, busy or idle."""
+
+    def __init__(self) -> None:
+        self.key: tuple[float | None, ...] | None = None
+        self.since = 0.0
+
+    def update(self, sample: dict[str, float], now: float) -> float:
+        """Seconds without progress up to `now`. Call once per scrape."""
+        key = progress_key(sample)
+        if key != self.key:
+            self.key, self.since = key, now
+        return now - self.since
+
+
 class WedgeWatch:
     """Requests running and no progress for `seconds`: the engine is wedged."""
 
@@ -62,7 +82,7 @@ class WedgeWatch:
 
     def update(self, sample: dict[str, float], now: float) -> str | None:
         """The reason it is wedged, or None. Call once per scrape."""
-        key = tuple(sample.get(name) for name in PROGRESS)
+        key = progress_key(sample)
         running = sample.get(RUNNING, 0.0)
         if running <= 0 or key != self.key:
             self.key, self.since = key, now

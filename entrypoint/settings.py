@@ -64,8 +64,8 @@ RESERVED: dict[str, str] = {
     "server unhealthy (default 300; 0: off)",
     GENERATION_CHECK_INTERVAL: "ask an idle ready server for one token every this many "
     "seconds (default 0: off)",
-    GENERATION_CHECK_TIMEOUT: "seconds that token may take before the server counts as "
-    "unhealthy (default 60)",
+    GENERATION_CHECK_TIMEOUT: "seconds that token may take, with no other engine progress "
+    "meanwhile, before the server counts as unhealthy (default 60)",
     LEADER_TIMEOUT: "a worker node (SERVE_NODE_RANK > 0): seconds to wait for the leader's "
     "SERVE_MASTER_ADDR:SERVE_MASTER_PORT to accept a connection before giving up (default 600)",
 }

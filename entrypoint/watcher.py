@@ -323,6 +323,10 @@ class GenerationCheck:
 
     /metrics cannot tell an idle engine that would take no work from one that has
     none; a real request can. It runs in a thread so the heartbeat goes on meanwhile.
+    A late token counts only once the engine has also moved nothing for `timeout`:
+    work that arrived after the check started queues it behind real requests, and
+    while that work progresses the engine is busy, not stuck (a stuck busy engine is
+    the wedge watch's to name).
     """
 
     def __init__(self, config: WatchConfig, api_key: str | None) -> None:
@@ -331,23 +335,31 @@ class GenerationCheck:
         self.thread: threading.Thread | None = None
         self.started = 0.0
         self.failure: str | None = None
+        self.timed_out = False  # the last check's answer did not come within timeout
 
-    def tick(self, idle: bool, now: float) -> str | None:
-        """Start a check when one is due; the last finished check's failure, or None."""
+    def tick(self, idle: bool, now: float, quiet: float) -> str | None:
+        """Start a check when one is due; why the server fails it, or None.
+
+        `quiet`: seconds since the engine last moved anything (metrics.QuietClock)."""
         interval = self.config.generation_check_interval
         timeout = self.config.generation_check_timeout
         if interval <= 0:
             return None
-        if self.thread is not None and self.thread.is_alive():
-            if now - self.started > timeout:
-                return f"generation check: no token within {timeout:g} s"
-            return self.failure
-        if idle and now - self.last >= interval:
+        alive = self.thread is not None and self.thread.is_alive()
+        late = self.timed_out or (alive and now - self.started > timeout)
+        if late and quiet >= timeout:
+            # It stands until a later check answers, as any other failure does.
+            self.failure = f"generation check: no token within {timeout:g} s"
+        busy = late and quiet < timeout
+        # A check that was late only because the engine was busy is retried as soon
+        # as the engine is idle, not left to count against it later.
+        if not alive and idle and (busy or now - self.last >= interval):
             self.last = self.started = now
+            self.timed_out = busy = False
             self.thread = threading.Thread(target=self._check, name="generation-check",
                                            daemon=True)
             self.thread.start()
-        return self.failure
+        return None if busy else self.failure
 
     def _check(self) -> None:
         base, timeout = self.config.base_url, self.config.generation_check_timeout
@@ -365,9 +377,11 @@ class GenerationCheck:
                 TypeError) as exc:
             detail = getattr(exc, "reason", exc)
             if isinstance(detail, TimeoutError):
-                self.failure = f"generation check: no token within {timeout:g} s"
+                self.timed_out = True  # tick() judges it against the engine's progress
             else:
                 self.failure = f"generation check: {detail}"
+
+
 class NodeGroup:
     """Multi-node: a leader is healthy only while every remote rank stays connected
     (entrypoint/node_links.py says why /health alone cannot tell); a worker, whose
@@ -439,6 +453,7 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     waiter.start()
     wedge = metrics.WedgeWatch(config.wedge_seconds) if config.wedge_seconds > 0 else None
     generation = GenerationCheck(config, api_key)
+    quiet_clock = metrics.QuietClock()
     try:
         with lock:
             tracker.write()
@@ -458,7 +473,8 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
                     tracker.speculative = metrics.speculative(sample)
                     trouble = wedge.update(sample, now) if wedge else None
                     idle = not sample.get(metrics.RUNNING) and not sample.get(metrics.WAITING)
-                    trouble = trouble or generation.tick(idle, now)
+                    quiet = quiet_clock.update(sample, now)
+                    trouble = trouble or generation.tick(idle, now, quiet)
             with lock:
                 if done.is_set():
                     break

@@ -3,9 +3,11 @@ the status summary and the new settings' ranges (in-process only)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from entrypoint import metrics, settings, startup_history, status_summary
+from entrypoint import metrics, settings, startup_history, status_summary, watcher
 from entrypoint.errors import ConfigError
 
 # As vLLM 0.32's prometheus_client writes them (names, labels, a histogram's _count).
@@ -61,6 +63,104 @@ def test_idle_or_prefilling_engines_are_not_wedged() -> None:
     for t in range(100, 200, 10):  # a long prefill: only the KV-cache use moves
         kv["vllm:kv_cache_usage_perc"] += 0.01
         assert watch.update(dict(kv), t) is None
+
+
+def test_quiet_clock_counts_from_the_last_change_busy_or_idle() -> None:
+    clock = metrics.QuietClock()
+    assert clock.update(sample(running=0), 100) == 0
+    assert clock.update(sample(running=0), 130) == 30  # idle: nothing moves
+    assert clock.update(sample(running=1), 131) == 0  # a request arrived
+    assert clock.update(sample(running=1, tokens=11), 140) == 0
+    assert clock.update(sample(running=1, tokens=11), 145) == 5
+
+
+class HeldCheck:
+    """GenerationCheck's request thread held or ended on the test's word (in-process:
+    the real request against vLLM is in test_entrypoint_vllm_watchdog)."""
+
+    def __init__(self, interval: float = 30, timeout: float = 5) -> None:
+        config = watcher.WatchConfig(pid=1, base_url="http://127.0.0.1:9", ready_file="r",
+                                     status_file="s", argv_digest="d",
+                                     generation_check_interval=interval,
+                                     generation_check_timeout=timeout)
+        self.check = watcher.GenerationCheck(config, None)
+        self.check.last = 0.0
+        self.started = 0
+        self.release = threading.Event()
+        self.outcome: str | None = None  # None: answered; "timeout"; or a failure
+        self.check._check = self._run  # type: ignore[method-assign]
+
+    def _run(self) -> None:
+        self.started += 1
+        self.release.wait(10)
+        if self.outcome == "timeout":
+            self.check.timed_out = True
+        else:
+            self.check.failure = self.outcome
+
+    def end(self, outcome: str | None) -> None:
+        self.outcome = outcome
+        self.release.set()
+        assert self.check.thread is not None
+        self.check.thread.join(10)
+        self.release.clear()
+
+
+def test_a_late_check_behind_progressing_work_is_not_a_failure() -> None:
+    held = HeldCheck(timeout=5)
+    assert held.check.tick(idle=True, now=30, quiet=20) is None
+    assert held.started == 1
+    # Real requests came in after it: the check's token queues behind them.
+    assert held.check.tick(idle=False, now=40, quiet=0.5) is None  # 10 s late, busy
+    assert held.check.tick(idle=False, now=44, quiet=4.9) is None
+    # The engine moved nothing for the timeout as well: now it counts.
+    assert held.check.tick(idle=False, now=45, quiet=5) == (
+        "generation check: no token within 5 s")
+    held.end(None)  # the token came after all
+    assert held.check.tick(idle=False, now=46, quiet=0) is None
+
+
+def test_a_check_that_timed_out_while_busy_is_retried_once_idle() -> None:
+    held = HeldCheck(interval=30, timeout=5)
+    held.check.tick(idle=True, now=30, quiet=20)
+    held.end("timeout")
+    assert held.check.tick(idle=False, now=36, quiet=1) is None  # busy, progressing
+    assert held.started == 1
+    assert held.check.tick(idle=True, now=37, quiet=0.5) is None  # idle: asked again
+    assert held.started == 2  # well before the 30 s interval
+    held.end(None)
+    assert held.check.tick(idle=True, now=38, quiet=0) is None
+
+
+def test_a_stuck_idle_engine_stays_failed_until_a_check_answers() -> None:
+    held = HeldCheck(interval=30, timeout=5)
+    held.check.tick(idle=True, now=30, quiet=20)
+    reason = "generation check: no token within 5 s"
+    assert held.check.tick(idle=True, now=36, quiet=26) == reason  # late and quiet
+    held.end("timeout")
+    assert held.check.tick(idle=True, now=40, quiet=30) == reason
+    assert held.started == 1  # a stuck engine is not asked again before the interval
+    assert held.check.tick(idle=True, now=60, quiet=50) == reason  # the next one runs...
+    assert held.started == 2
+    held.end(None)  # ...and answers
+    assert held.check.tick(idle=True, now=61, quiet=0) is None
+
+
+def test_a_check_due_sooner_than_the_timeout_keeps_a_stuck_engine_failed() -> None:
+    held = HeldCheck(interval=3, timeout=5)
+    held.check.tick(idle=True, now=30, quiet=20)
+    held.end("timeout")  # its request timed out on its own clock
+    reason = "generation check: no token within 5 s"
+    assert held.check.tick(idle=True, now=35.5, quiet=25.5) == reason
+    assert held.started == 2  # the next check is due, and the reason stands meanwhile
+    assert held.check.tick(idle=True, now=36, quiet=26) == reason
+
+
+def test_other_failures_of_the_check_count_at_once() -> None:
+    held = HeldCheck(interval=30, timeout=5)
+    held.check.tick(idle=True, now=30, quiet=20)
+    held.end("generation check: HTTP 500")
+    assert held.check.tick(idle=False, now=31, quiet=0) == "generation check: HTTP 500"
 
 
 def test_speculative_acceptance() -> None:
