@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from entrypoint import steps
+from entrypoint import metrics, steps
 from tests.serving import (
     START_TIMEOUT,
     Served,
@@ -76,18 +76,50 @@ def test_without_log_capture_the_status_works_as_before(server: Served) -> None:
     assert run_entrypoint("probe", "--ready-file", str(server.ready)).returncode == 0
 
 
+def running_requests(served: Served) -> float:
+    """vLLM's own count of running requests, from its /metrics (the API server
+    answers it while the engine is stopped: the count from the engine's last step)."""
+    with _OPENER.open(f"http://127.0.0.1:{served.port}/metrics", timeout=10) as response:
+        return metrics.parse(response.read().decode()).get(metrics.RUNNING, 0.0)
+
+
+def stop_engine_mid_request(server: Served, tiny_model: str, core: int
+                            ) -> tuple[threading.Thread, dict, float]:
+    """SIGSTOP the engine while one long request runs: the stream's thread, what it
+    saw and when the engine stopped. The tiny model writes its 1000 tokens in about
+    a second, so on a loaded machine the request can end before the stop lands;
+    then the engine goes on and a new request is tried."""
+    body = {"model": tiny_model, "prompt": "the quick", "max_tokens": 1000,
+            "min_tokens": 1000, "temperature": 0}
+    for attempt in range(1, 6):
+        seen: dict = {}
+        streaming = threading.Thread(target=server.stream, args=(body, 300, seen),
+                                     daemon=True)
+        streaming.start()
+        # A generation check starts only while the engine is idle, so only before
+        # this stream; 20 decode steps on, any such check has had its one token.
+        wait_for(lambda s=seen: s.get("chunks", 0) >= 20, 60, "20 tokens")
+        os.kill(core, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            running = running_requests(server)
+        except BaseException:
+            os.kill(core, signal.SIGCONT)
+            raise
+        if running == 1:
+            print(f"\nstopped mid-request at try {attempt}")
+            return streaming, seen, stopped
+        os.kill(core, signal.SIGCONT)
+        streaming.join(120)
+        wait_for(lambda: phase(server) == "ready", 60, "ready before the next try", step=0.1)
+    pytest.fail("the request ended before the engine stopped, 5 times")
+
+
 def test_sigstop_engine_with_a_running_request_turns_unhealthy_and_sigcont_recovers(
     server: Served, tiny_model: str
 ) -> None:
     core = engine_core(server)
-    seen: dict = {}
-    body = {"model": tiny_model, "prompt": "the quick", "max_tokens": 1000,
-            "min_tokens": 1000, "temperature": 0}
-    streaming = threading.Thread(target=server.stream, args=(body, 300, seen), daemon=True)
-    streaming.start()
-    wait_for(lambda: seen.get("chunks", 0) > 0, 60, "first tokens")
-    os.kill(core, signal.SIGSTOP)
-    stopped = time.monotonic()
+    streaming, seen, stopped = stop_engine_mid_request(server, tiny_model, core)
     try:
         took = wait_for(lambda: phase(server) == "unhealthy", WEDGE_SECONDS + 15,
                         "unhealthy", step=0.1)
