@@ -15,11 +15,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from entrypoint import metrics
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
@@ -116,6 +119,12 @@ class Served:
         with _OPENER.open(url, timeout=timeout) as response:
             return json.load(response)
 
+    def metrics(self, timeout: float = 30) -> dict[str, float]:
+        """vLLM's own /metrics, parsed (it can lag behind the engine under load)."""
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with _OPENER.open(url, timeout=timeout) as response:
+            return metrics.parse(response.read().decode())
+
     def post(self, path: str, body: dict, timeout: float = 300) -> dict:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}",
@@ -125,10 +134,12 @@ class Served:
         with _OPENER.open(request, timeout=timeout) as response:
             return json.load(response)
 
-    def stream(self, body: dict, timeout: float = 300, seen: dict | None = None) -> dict:
+    def stream(self, body: dict, timeout: float = 300, seen: dict | None = None,
+               cancel: threading.Event | None = None) -> dict:
         """One streaming completion: chunks seen, the last finish_reason, whether
         `data: [DONE]` came, and how it ended (None, or the exception's words).
-        `seen`, when given, is filled in as chunks arrive (for a watching thread)."""
+        `seen`, when given, is filled in as chunks arrive (for a watching thread);
+        `cancel`, once set, closes the connection, which makes vLLM abort the request."""
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/v1/completions",
             data=json.dumps({**body, "stream": True}).encode(),
@@ -139,6 +150,9 @@ class Served:
         try:
             with _OPENER.open(request, timeout=timeout) as response:
                 for raw in response:
+                    if cancel is not None and cancel.is_set():
+                        seen["cancelled"] = True
+                        break
                     line = raw.decode().strip()
                     if line == "data: [DONE]":
                         seen["done"] = True

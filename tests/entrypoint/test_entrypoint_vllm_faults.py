@@ -66,9 +66,12 @@ def _streams(served: Served, model: str, n: int, max_tokens: int) -> list[dict]:
 # The abort case must outlast its 2 s timeout on any CPU: a CI machine once ran five
 # 1000-token streams to "length" inside it. 30000 tokens take a minute at 500 tokens/s,
 # so the tiny model's 1024 positions are raised for that case (RoPE has no limit).
+# The drain case's streams must still run at the SIGTERM, sent once each client has
+# read a token: on a loaded machine the clients read late, and five of 400 tokens had
+# ended before it. 2000 tokens take seconds, well inside its 30 s.
 @pytest.mark.parametrize(
     ("shutdown_timeout", "max_model_len", "max_tokens", "finish"),
-    [("2", 32768, 30000, "abort"), ("30", 1024, 400, "length")],
+    [("2", 32768, 30000, "abort"), ("30", 2048 + 64, 2000, "length")],
     ids=["timeout-aborts", "drain-completes"],
 )
 def test_sigterm_with_streams_in_flight_drains_within_its_bound(
