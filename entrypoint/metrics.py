@@ -52,13 +52,12 @@ def parse(text: str) -> dict[str, float]:
     return values
 
 
-def progress_key(sample: dict[str, float]) -> tuple[float | None, ...]:
-    """What an engine step that does work changes."""
-    return tuple(sample.get(name) for name in PROGRESS)
-
-
 class QuietClock:
-    """Seconds since the engine last moved anything in PROGRESS, busy or idle."""
+    """Seconds since the engine last moved anything in PROGRESS, busy or idle.
+
+    One clock serves the wedge watch and the generation check, so both measure
+    from the same scrape. PROGRESS holds the running and waiting gauges, so the
+    clock restarts when a request arrives at an idle engine."""
 
     def __init__(self) -> None:
         self.key: tuple[float | None, ...] | None = None
@@ -66,7 +65,7 @@ class QuietClock:
 
     def update(self, sample: dict[str, float], now: float) -> float:
         """Seconds without progress up to `now`. Call once per scrape."""
-        key = progress_key(sample)
+        key = tuple(sample.get(name) for name in PROGRESS)
         if key != self.key:
             self.key, self.since = key, now
         return now - self.since
@@ -77,21 +76,14 @@ class WedgeWatch:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.key: tuple[float | None, ...] | None = None
-        self.since = 0.0
 
-    def update(self, sample: dict[str, float], now: float) -> str | None:
-        """The reason it is wedged, or None. Call once per scrape."""
-        key = progress_key(sample)
+    def update(self, sample: dict[str, float], quiet: float) -> str | None:
+        """The reason it is wedged, or None. `quiet`: QuietClock.update's answer."""
         running = sample.get(RUNNING, 0.0)
-        if running <= 0 or key != self.key:
-            self.key, self.since = key, now
-            return None
-        stuck = now - self.since
-        if stuck < self.seconds:
+        if running <= 0 or quiet < self.seconds:
             return None
         return (f"engine wedged: {running:g} request(s) running and no engine progress "
-                f"(tokens, KV cache, finished requests) for {stuck:.0f} s")
+                f"(tokens, KV cache, finished requests) for {quiet:.0f} s")
 
 
 def speculative(sample: dict[str, float]) -> dict[str, Any] | None:

@@ -471,9 +471,9 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
                 if sample is not None:
                     now = time.time()
                     tracker.speculative = metrics.speculative(sample)
-                    trouble = wedge.update(sample, now) if wedge else None
-                    idle = not sample.get(metrics.RUNNING) and not sample.get(metrics.WAITING)
                     quiet = quiet_clock.update(sample, now)
+                    trouble = wedge.update(sample, quiet) if wedge else None
+                    idle = not sample.get(metrics.RUNNING) and not sample.get(metrics.WAITING)
                     trouble = trouble or generation.tick(idle, now, quiet)
             with lock:
                 if done.is_set():

@@ -44,8 +44,18 @@ def test_parse_sums_label_sets_and_skips_comments() -> None:
     assert "x" not in values and not any(k.startswith("#") for k in values)
 
 
+class Watched:
+    """A WedgeWatch fed by its QuietClock, as the watcher feeds it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.watch, self.clock = metrics.WedgeWatch(seconds), metrics.QuietClock()
+
+    def update(self, values: dict[str, float], now: float) -> str | None:
+        return self.watch.update(values, self.clock.update(values, now))
+
+
 def test_wedge_needs_running_requests_and_no_progress_for_the_window() -> None:
-    watch = metrics.WedgeWatch(30)
+    watch = Watched(30)
     assert watch.update(sample(tokens=10), 0) is None
     assert watch.update(sample(tokens=11), 20) is None  # a token: progress
     assert watch.update(sample(tokens=11), 49) is None  # 29 s without
@@ -56,7 +66,7 @@ def test_wedge_needs_running_requests_and_no_progress_for_the_window() -> None:
 
 
 def test_idle_or_prefilling_engines_are_not_wedged() -> None:
-    watch = metrics.WedgeWatch(30)
+    watch = Watched(30)
     for t in range(0, 100, 10):  # idle: nothing runs, nothing moves
         assert watch.update(sample(running=0), t) is None
     kv = sample()
