@@ -131,9 +131,9 @@ def merged(
     dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """o [T, BLOCK_H, 512] in dtype (bf16: the kernel's output) as the keepers merge it:
-    split s keeps columns
-    [256 s, 256 s + 256) and gets the partner's unnormalised half: exact (None), in fp16
-    with a scale a group (group ids), or rounded to that many mantissa bits (an int)."""
+    split s keeps columns [256 s, 256 s + 256) and gets the partner's unnormalised half:
+    exact (None), in fp16 with a scale a group (group ids), or rounded to that many
+    mantissa bits (an int)."""
     parts = []
     for keep in range(2):
         acc_me, l_me, lse_me = halves[keep]
