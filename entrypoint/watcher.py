@@ -266,14 +266,18 @@ class Tracker:
         }
 
     def write(self) -> None:
+        # The readiness file never says more than the status: it goes after the status
+        # says ready, and before the status says anything else. A reader that saw it
+        # and then read the status once found "starting" (a CI run, 2 loaded cores).
         status = self.status()
         if self.phase == READY:
+            write_json_atomic(self.config.status_file, status)
             ready = {k: status[k] for k in ("phase", "pid", "heartbeat", "argv_digest")}
             ready["pid_start"] = self.pid_start
             write_ready(self.config.ready_file, {**ready, "stale_after": self.config.stale_after})
         else:
             remove_quietly(self.config.ready_file)
-        write_json_atomic(self.config.status_file, status)
+            write_json_atomic(self.config.status_file, status)
 
 
 def _opener() -> urllib.request.OpenerDirector:

@@ -82,6 +82,35 @@ def test_ready_writes_both_files(tracker: Tracker) -> None:
     assert status["argv_digest"] == "sha256:abc" and status["pid"] == os.getpid()
 
 
+def test_the_ready_file_never_runs_ahead_of_the_status(
+    tracker: Tracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a reader finds on disk at each file operation, in order: the readiness file
+    # must never exist while the status says anything but ready.
+    import entrypoint.watcher as watcher
+
+    seen: list[tuple[bool, str | None]] = []
+
+    def after(fn):  # noqa: ANN001, ANN202 - wraps the module's own functions
+        def wrapped(*args: object, **kwargs: object) -> None:
+            fn(*args, **kwargs)
+            status = read_json(tracker.config.status_file) or {}
+            seen.append((ready_exists(tracker), status.get("phase")))
+
+        return wrapped
+
+    for name in ("write_ready", "write_json_atomic", "remove_quietly"):
+        monkeypatch.setattr(watcher, name, after(getattr(watcher, name)))
+    tracker.record("GET /health: connection refused")
+    tracker.record(None)  # ready
+    for _ in range(3):
+        tracker.record("GET /health: HTTP 500")  # unhealthy
+    tracker.record(None)  # ready again
+    assert (False, "ready") in seen and (True, "ready") in seen
+    assert (False, "unhealthy") in seen
+    assert all(phase == "ready" for exists, phase in seen if exists), seen
+
+
 def test_n_failures_in_a_row_make_unhealthy(tracker: Tracker) -> None:
     tracker.record(None)
     tracker.record("GET /health: HTTP 503")
