@@ -28,6 +28,7 @@ import glob
 import math
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -215,6 +216,29 @@ def time_fn(
         times.append(a.elapsed_time(b) / 1e3 / per_step)
     times.sort()
     return times[len(times) // 2]
+
+
+def time_rounds(
+    fns: dict[str, list[Callable]], calls: int, rounds: int, timer: Callable = time_fn
+) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Seconds per call of each entry, one a round, and the entries whose timing raised
+    (dropped from then on). A round times every entry once; the order turns one place
+    a round, so no entry always follows the same one: in one pass the same build has
+    read up to ~3% apart by its place in a row (notes, Timing method). One round is
+    the order given. The table and ab_sparse_mla.py both time this way."""
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    errors: dict[str, str] = {}
+    for r in range(rounds):
+        k = r % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            if name in errors:
+                continue
+            try:
+                times[name].append(timer(fns[name], calls=calls))
+            except Exception as exc:  # noqa: BLE001 - keep the row; the caller reports it
+                errors[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return {n: v for n, v in times.items() if n not in errors}, errors
 
 
 # ----------------------------------------------------------------------------- run
@@ -542,21 +566,24 @@ def run(args: argparse.Namespace) -> int:
             case = Case(h, b, kv, kv8, n_sets)
             ref = case.reference()
             row: dict[str, float] = {}
-            # Peers first: at heavy prefill cells one build timed later in its row came
-            # out up to 9% slower (2026-12-02), so any such drift goes against ours.
+            # Everything checked first, then timed in rounds (time_rounds). Peers first:
+            # with one round (the default) any drift along a row goes against ours; at
+            # heavy prefill cells one build timed later in its row came out up to 9%
+            # slower (2026-12-02).
+            timed: dict[str, list[Callable]] = {}
             if decode_fwd is not None and b <= HAND_MAX_TOKENS:
                 fns = hand(case, decode_fwd)
                 if check("hand", fns, lambda r, c=case: c.out, case, ref, 1e-2) == "ok":
-                    row["hand"] = time_fn(fns, calls=calls)
+                    timed["hand"] = fns
             if fm is not None:
                 try:
                     fns = flashmla_bf16(case, fm)
                     if check("flashmla_bf16", fns, lambda r: r[0], case, ref, 1e-2) == "ok":
-                        row["fm_bf16"] = time_fn(fns, calls=calls)
+                        timed["fm_bf16"] = fns
                     ref8 = case.reference(fp8=True)
                     fns = flashmla_fp8(case, fm)
                     if check("flashmla_fp8", fns, lambda r: r[0][:, 0], case, ref8, 2e-2) == "ok":
-                        row["fm_fp8"] = time_fn(fns, calls=calls)
+                        timed["fm_fp8"] = fns
                 except Exception as exc:  # noqa: BLE001 - keep the table when a peer breaks
                     print(f"  flashmla h{h} b{b}: {type(exc).__name__}: {exc}", flush=True)
             for name, (cfg, applies) in variants.items():
@@ -573,11 +600,12 @@ def run(args: argparse.Namespace) -> int:
                 if check(name, fns, lambda r: r[0], case, ref, 1e-2) != "ok":
                     failures += 1
                     continue
-                try:
-                    row[name] = time_fn(fns, calls=calls)
-                except Exception as exc:  # noqa: BLE001 - keep the table; counted as a failure
-                    print(f"  {name} h{h} b{b} timing: {type(exc).__name__}: {str(exc)[:300]}")
-                    failures += 1
+                timed[name] = fns
+            runs, errors = time_rounds(timed, calls, args.rounds)
+            row.update({name: statistics.median(v) for name, v in runs.items()})
+            for name, err in errors.items():  # a peer's is reported; ours' counts as a failure
+                print(f"  {name} h{h} b{b} timing: {err}", flush=True)
+                failures += name in variants
             nbytes = gathered_bytes(b) + b * h * (576 + 512) * 2  # + q and out
             flops = 2 * b * h * TOPK * (576 + 512)
             row["floor"] = max(nbytes / bw, flops / mm)
@@ -585,21 +613,30 @@ def run(args: argparse.Namespace) -> int:
             best = min((v, k) for k, v in row.items() if k in variants)
             cells = " ".join(f"{k}={v * 1e6:.2f}" for k, v in row.items())
             print(f"  h{h} b{b} sets{n_sets} calls{calls}: {cells} best={best[1]}", flush=True)
-            del case
+            del case, timed
 
-    print_table(results, bw, mm, list(variants))
+    print_table(results, bw, mm, list(variants), args.rounds)
     return 1 if failures else 0
 
 
 def print_table(
-    results: dict[tuple[int, int], dict[str, float]], bw: float, mm: float, variants: list[str]
+    results: dict[tuple[int, int], dict[str, float]],
+    bw: float,
+    mm: float,
+    variants: list[str],
+    rounds: int = 1,
 ) -> None:
+    timing = (
+        f"median of {rounds} rounds, the order turned a place a round"
+        if rounds > 1
+        else "one pass a row, peers first"
+    )
     us = lambda r, k: f"{r[k] * 1e6:8.1f}" if k in r else f"{'-':>8s}"  # noqa: E731
     sp = lambda r, k: f"{r[k] / r['ours']:6.2f}x" if k in r and "ours" in r else f"{'-':>7s}"  # noqa: E731
     print(f"\nsparse MLA, topk {TOPK}, bf16, CUDA-graph replay, us (HxT: heads x query tokens;")
     print(f"T > {HAND_MAX_TOKENS} are prefill rows); floor from copy {bw / 1e12:.2f} TB/s and "
           f"bf16 matmul {mm / 1e12:.0f} TFLOP/s; a replay is >= {REPLAY_CALLS} calls or "
-          f">= {REPLAY_BYTES / 1e9:.0f} GB gathered")  # fmt: skip
+          f">= {REPLAY_BYTES / 1e9:.0f} GB gathered; " + timing)  # fmt: skip
     head = f"{'HxT':>9s} {'ours':>8s} {'floor':>8s} {'/floor':>8s}"
     head += f" {'hand':>8s} {'FM bf16':>8s} {'FM fp8':>8s}"
     head += f" {'vs hand':>7s} {'vs bf16':>7s} {'vs fp8':>7s} {'vs FM':>7s}"
@@ -635,7 +672,12 @@ def main() -> int:
     ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
     ap.add_argument("--wait-for", type=Path, help="after compiling, wait for this file to exist")
     ap.add_argument("--no-peers", action="store_true", help="time ours alone (no peer columns)")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="time each row's kernels N times in turned order"
+    )
     args = ap.parse_args()
+    if not 1 <= args.rounds <= 99:
+        ap.error(f"--rounds must be 1..99, got {args.rounds}")
     missing = [] if args.no_peers else peers_missing()
     if missing:  # before any compile or GPU work
         print(peers_error("peers not prepared: " + ", ".join(missing)), file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -64,3 +65,46 @@ def test_the_table_without_a_gpu_is_one_error(monkeypatch, tmp_path, capsys) -> 
     monkeypatch.setattr(sys, "argv", ["bench_sparse_mla.py", "run", "--heads", "8"])
     assert bench.main() == 2
     assert "bench_sparse_mla: error: no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_rounds_turn_the_order_and_take_each_entrys_median() -> None:
+    seen: list[str] = []
+    reads = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0]), "c": iter([7.0, 7.0, 6.0])}
+
+    def timer(fns: list, calls: int) -> float:
+        assert calls == 28
+        seen.append(fns[0])
+        return next(reads[fns[0]])
+
+    runs, errors = bench.time_rounds({n: [n] for n in "abc"}, 28, 3, timer)
+    assert seen == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert runs == {"a": [5.0, 1.0, 3.0], "b": [2.0, 9.0, 4.0], "c": [7.0, 7.0, 6.0]}
+    medians = {n: statistics.median(v) for n, v in runs.items()}
+    assert medians == {"a": 3.0, "b": 4.0, "c": 7.0} and errors == {}
+    seen.clear()
+    reads = {"a": iter([5.0]), "b": iter([2.0])}
+    assert bench.time_rounds({"a": ["a"], "b": ["b"]}, 28, 1, timer)[0] == {"a": [5.0], "b": [2.0]}
+    assert seen == ["a", "b"]  # one round keeps the order given (peers first in the table)
+
+
+def test_an_entry_whose_timing_raises_is_dropped_and_named() -> None:
+    order: list[str] = []
+
+    def timer(fns: list, calls: int) -> float:
+        order.append(fns[0])
+        if fns[0] == "ours":
+            raise RuntimeError("launch failed")
+        return 1.0
+
+    runs, errors = bench.time_rounds({"fm": ["fm"], "ours": ["ours"]}, 2, 4, timer)
+    assert runs == {"fm": [1.0] * 4}
+    assert errors == {"ours": "RuntimeError: launch failed"}
+    assert order.count("ours") == 1 and order.count("fm") == 4
+
+
+def test_rounds_out_of_range_is_one_error(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_sparse_mla.py", "run", "--rounds", "0"])
+    with pytest.raises(SystemExit) as exc:
+        bench.main()
+    assert exc.value.code == 2
+    assert "--rounds must be 1..99, got 0" in capsys.readouterr().err
