@@ -102,15 +102,14 @@ def main() -> int:
                 failures += 1
                 continue
             fns[name] = f
-        names = list(fns)
-        times: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(args.rounds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
-                times[name].append(bench.time_fn(fns[name], calls=calls) * 1e6)
+        runs, errors = bench.time_rounds(fns, calls, args.rounds)
+        for name, err in errors.items():
+            print(f"  {name} h{h} t{t} timing: {err}", flush=True)
+            failures += 1
+        times = {n: [x * 1e6 for x in v] for n, v in runs.items()}
         med = {n: statistics.median(v) for n, v in times.items()}
         print(f"{h}x{t} ({args.rounds} rounds, order rotated, {calls} calls a replay), us:")
-        for n in names:
+        for n in times:
             vs = f"  FM/this {med['fm_bf16'] / med[n]:.3f}x" if "fm_bf16" in med else ""
             runs = " ".join(f"{x:.1f}" for x in times[n])
             print(f"  {n:14s} median {med[n]:9.1f}{vs}   [{runs}]", flush=True)
