@@ -21,6 +21,8 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   sentinel  the s_by_one exchange with no fence: the keeper spins until no sentinel is left
   qk2, qk2i  KV-major q.kT as two accumulator chains (qk2i: a k-step of each in turn)
+  gx        the s_by_one exchange's half of o through global memory (L2), not the partner's
+            shared memory (lse, 1/l and the signal stay in distributed shared memory)
   x16, x16u  the s_by_one exchange in fp16 with a power-of-two scale a 16-value pack
              (x16: o divided by l before it is sent; x16u: unscaled, at the loop end)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
@@ -945,3 +947,75 @@ def x16p(src: str) -> str:
 
 
 VARIANTS["x16p"] = x16p
+
+
+# gx: the exchanged half of o goes through global memory. Each thread's 16-byte groups
+# keep the exchange buffer's layout (a warp writes 512 consecutive bytes), in a slot of
+# BLOCK_H x DV/2 fp32 a keeper: token t's split k reads slot 2t + k.
+_GX_CODE = '''    _GX_PUT4_ASM: gl.constexpr = gl.constexpr(
+        "st.global.v4.f32 [$8], {$4, $5, $6, $7};\\n"
+        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0;"
+    )
+    # .cg: from L2, never from a line this SM's L1 may hold from an earlier call.
+    _GX_GET4_ASM: gl.constexpr = gl.constexpr("ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];")
+
+    @gluon.jit
+    def _sm90_kv1_gx_ptrs(
+        x_ptr, t, keeper, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
+    ):  # fmt: skip
+        """gx: where a warpgroup's half of oT for split keeper of token t lies, as
+        64-bit addresses (inline asm takes no pointer beside float operands)."""
+        off = (_sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT) - _XCHG_DATA) // 4
+        return (x_ptr + (t * 2 + keeper) * (BLOCK_H * (DV // 2)) + off).to(gl.int64)
+
+    @gluon.jit
+    def _sm90_kv1_send_half_g(
+        acc, x_ptr, t, sp, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
+    ):  # fmt: skip
+        """gx: this warpgroup's half of oT, unscaled, into the partner's global slot (the
+        signal's release at cluster scope orders these stores before the partner's
+        acquire, as it does remote shared-memory stores)."""
+        ptrs = _sm90_kv1_gx_ptrs(x_ptr, t, 1 - sp, BLOCK_H, DV, O_LAYOUT)
+        gl.inline_asm_elementwise(
+            _GX_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,l,l,l,l", [acc, ptrs], dtype=gl.int32,
+            is_pure=False, pack=4,
+        )  # fmt: skip
+
+'''
+
+
+def gx(src: str) -> str:
+    """The s_by_one cluster exchange's half of o through global memory (L2) instead of
+    the partner's shared memory: 32 KiB at 32 heads crossed the SM-to-SM network in
+    1.3-1.9 us however it was signalled (pushed, pulled, polled: 17-25 GB/s an SM
+    pair), where an SM's L2 path runs several times faster. lse, 1/l and the signal
+    stay in distributed shared memory. The launcher gives the cluster path a buffer
+    (plse, unused there) of 2 x BLOCK_H x DV/2 fp32 a token. Not an ablation: results
+    stand."""
+    anchor = "    @gluon.jit\n    def _sm90_kv1_send_stats("
+    src = _sub(src, None, anchor, _GX_CODE + anchor)
+    old = "_sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)"
+    new = "_sm90_kv1_send_half_g(acc, plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT)"
+    for fn in ("_sm90_kv1_s_wg", "_sm90_kv1_o_wg"):
+        src = _sub(src, fn, old, new)
+    old = (
+        '                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
+        " [off, gl.full_like(off, 1)],\n"
+    )
+    new = (
+        '                _GX_GET4_ASM, "=f,=f,=f,=f,l,l,l,l",\n'
+        "                [_sm90_kv1_gx_ptrs(plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT)],\n"
+    )
+    src = _sub(src, "_sm90_kv1_finish", old, new)
+    old = "    qk_scale = sm_scale * math.log2(math.e) * kv_scale\n"
+    new = (
+        "    if cluster:  # gx: the exchanged halves of o (stamps, if any, keep po)\n"
+        "        plse = torch.empty(\n"
+        "            num_tokens * 2 * cfg.block_h * (D_LATENT // 2), dtype=torch.float32,\n"
+        "            device=q.device,\n"
+        "        )\n"
+    )
+    return _sub(src, None, old, new + old)
+
+
+VARIANTS["gx"] = gx

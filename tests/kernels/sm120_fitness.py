@@ -97,6 +97,23 @@ def _res_usage(cubin: bytes) -> dict[str, int]:
     return {k: int(v) for k, v in fields.items()}
 
 
+def compile_build(
+    fn: triton.JITFunction,
+    constexprs: dict[str, object],
+    options: dict[str, int],
+    kv_dtype: str = "bf16",
+    target: GPUTarget = SM120,
+    source: type = triton.compiler.ASTSource,
+) -> tuple[object, dict[str, int]]:
+    """Compile one specialisation (q in bf16) for `target`: the compiled kernel and
+    cuobjdump's resource fields. A Gluon kernel needs Gluon's source class (it sets
+    the module's warps up front)."""
+    sig, attrs = _signature(fn, constexprs, "bf16", kv_dtype)
+    src = source(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    k = triton.compile(src, target=target, options=options)
+    return k, _res_usage(k.asm["cubin"])
+
+
 def compile_resources(
     fn: triton.JITFunction,
     constexprs: dict[str, object],
@@ -106,10 +123,7 @@ def compile_resources(
     target: GPUTarget = SM120,
 ) -> Resources:
     """Compile one specialisation (q in bf16) for `target` and read its resources."""
-    sig, attrs = _signature(fn, constexprs, "bf16", kv_dtype)
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    k = triton.compile(src, target=target, options=options)
-    use = _res_usage(k.asm["cubin"])
+    k, use = compile_build(fn, constexprs, options, kv_dtype, target)
     # metadata.shared is what the launch asks for; cuobjdump's SHARED is the static part.
     shared = max(int(k.metadata.shared), use.get("SHARED", 0))
     return Resources(name, shared, use["REG"], use.get("STACK", 0), use.get("LOCAL", 0))

@@ -17,7 +17,9 @@ import kernel_variants  # noqa: E402
 import phase_stamps  # noqa: E402
 
 
-@pytest.mark.parametrize("name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer"])
+@pytest.mark.parametrize(
+    "name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer", "stamps+gx"]
+)
 def test_variant_patches_apply_and_parse(name: str) -> None:
     base = kernel_variants.source("base")
     src = kernel_variants.source(name)
@@ -35,6 +37,23 @@ def test_stamps_write_every_slot_once() -> None:
             continue  # the second warpgroup's copy of a per-HALF slot
         else:
             assert src.count(f"_stamp(po_ptr, t, sp, {k})") == 1, slot
+
+
+def test_gx_moves_only_the_half_of_o_out_of_distributed_shared_memory() -> None:
+    base = kernel_variants.source("base")
+    src = kernel_variants.source("gx")
+    # Both senders store to global memory and the keeper reads it back; lse, 1/l and
+    # the signal still cross in distributed shared memory.
+    assert src.count("_sm90_kv1_send_half_g(acc, plse_ptr, t, sp,") == 2
+    assert src.count("_sm90_kv1_send_half(acc,") == 0
+    assert "[_sm90_kv1_gx_ptrs(plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT)]" in src
+    assert src.count("_XCHG_GET4_ASM, ") == base.count("_XCHG_GET4_ASM, ") - 1
+    for kept in ("_sm90_kv1_send_stats(lse2, inv", "_XCHG_SIGNAL_ASM, 4", "_XCHG_WAIT_ASM, 4"):
+        assert src.count(kept) == base.count(kept), kept
+    # The launcher gives the cluster path its buffer; with stamps, po stays theirs.
+    assert "    if cluster:  # gx: the exchanged halves of o" in src
+    both = kernel_variants.source("stamps+gx")
+    assert "po = plse = workspace if workspace is not None else lse" in both
 
 
 def test_unknown_variant_and_moved_anchor_are_named() -> None:
@@ -113,3 +132,16 @@ def test_phase_stamps_refuses_bad_input_by_name(args: list[str], message: str) -
     proc = run(*args)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sm90_resources_refuses_an_unknown_variant_and_another_triton() -> None:
+    import sm90_resources
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "sm90_resources.py"), "base", "nope"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "unknown kernel variant 'nope'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sm90_resources.version_error("3.6.0") is None
+    assert "this is triton 3.9.0: put a triton 3.6.x first" in sm90_resources.version_error("3.9.0")
