@@ -988,7 +988,8 @@ def gx(src: str) -> str:
     """The s_by_one cluster exchange's half of o through global memory (L2) instead of
     the partner's shared memory: 32 KiB at 32 heads crossed the SM-to-SM network in
     1.3-1.9 us however it was signalled (pushed, pulled, polled: 17-25 GB/s an SM
-    pair), where an SM's L2 path runs several times faster. lse, 1/l and the signal
+    pair); an SM's path to L2 should carry it a few times faster (estimated from its
+    64 bytes a clock, not measured), written once and read once. lse, 1/l and the signal
     stay in distributed shared memory. The launcher gives the cluster path a buffer
     (plse, unused there) of 2 x BLOCK_H x DV/2 fp32 a token. Not an ablation: results
     stand."""
