@@ -18,7 +18,7 @@ import phase_stamps  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer", "stamps+gx"]
+    "name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer", "stamps+l2x"]
 )
 def test_variant_patches_apply_and_parse(name: str) -> None:
     base = kernel_variants.source("base")
@@ -39,21 +39,12 @@ def test_stamps_write_every_slot_once() -> None:
             assert src.count(f"_stamp(po_ptr, t, sp, {k})") == 1, slot
 
 
-def test_gx_moves_only_the_half_of_o_out_of_distributed_shared_memory() -> None:
-    base = kernel_variants.source("base")
-    src = kernel_variants.source("gx")
-    # Both senders store to global memory and the keeper reads it back; lse, 1/l and
-    # the signal still cross in distributed shared memory.
-    assert src.count("_sm90_kv1_send_half_g(acc, plse_ptr, t, sp,") == 2
-    assert src.count("_sm90_kv1_send_half(acc,") == 0
-    assert "[_sm90_kv1_gx_ptrs(plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT)]" in src
-    assert src.count("_XCHG_GET4_ASM, ") == base.count("_XCHG_GET4_ASM, ") - 1
-    for kept in ("_sm90_kv1_send_stats(lse2, inv", "_XCHG_SIGNAL_ASM, 4", "_XCHG_WAIT_ASM, 4"):
-        assert src.count(kept) == base.count(kept), kept
-    # The launcher gives the cluster path its buffer; with stamps, po stays theirs.
-    assert "    if cluster:  # gx: the exchanged halves of o" in src
-    both = kernel_variants.source("stamps+gx")
-    assert "po = plse = workspace if workspace is not None else lse" in both
+def test_l2x_turns_the_option_on_in_the_launch_choices_and_stamps_keep_their_workspace() -> None:
+    src = kernel_variants.source("stamps+l2x")
+    assert src.count("cluster_merge=True, xchg_l2=True,") == 3  # ws_h8, ws_h16, ws_h32
+    # The stamps live in the caller's workspace: xchg_l2 then takes a buffer of its own.
+    assert "po = plse = workspace if workspace is not None else lse" in src
+    assert "            fits = False\n" in src
 
 
 def test_unknown_variant_and_moved_anchor_are_named() -> None:
