@@ -185,8 +185,7 @@ _STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
     (_S, "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes",
      "s_loop", 8, True, ""),
     (_S, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n", "s_cw", 12, False, ""),
-    (_S, " " * 16 + _SEND + "\n", "s_put", 16, False,
-     ""),
+    (_S, " " * 16 + _SEND + "\n", "s_put", 16, False, ""),
     (_S, "        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))\n", "s_stats", 8,
      False, ""),
     (_S, " " * 12 + "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been"

@@ -1319,13 +1319,12 @@ if _HAS_GLUON:
     )
 
     @gluon.jit
-    def _sm90_kv1_l2_addrs(
-        x_ptr, t, keeper, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
-    ):  # fmt: skip
+    def _sm90_kv1_l2_addrs(x_ptr, t, keeper, off, BLOCK_H: gl.constexpr, DV: gl.constexpr):
         """XCHG_L2: where each element of a warpgroup's half of oT lies in split keeper's
-        slot of token t, as 64-bit addresses (inline asm mixes no pointer with floats)."""
-        off = (_sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT) - _XCHG_DATA) // 4
-        return (x_ptr + (t * 2 + keeper) * (BLOCK_H * (DV // 2)) + off).to(gl.int64)
+        slot of token t, from its byte offset off in the exchange buffer, as 64-bit
+        addresses (inline asm mixes no pointer with floats)."""
+        slot = x_ptr + (t * 2 + keeper) * (BLOCK_H * (DV // 2))
+        return (slot + (off - _XCHG_DATA) // 4).to(gl.int64)
 
     @gluon.jit
     def _sm90_kv1_send_half(
@@ -1335,14 +1334,14 @@ if _HAS_GLUON:
         """cluster_merge, s_by_one: this warpgroup's half of oT, not yet divided by l, into
         the partner's buffer as soon as the loop ends (the partner scales it by the 1/l
         that comes with the lse); with XCHG_L2 into its slot of x_ptr."""
+        off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
         if XCHG_L2:
-            addrs = _sm90_kv1_l2_addrs(x_ptr, t, 1 - sp, BLOCK_H, DV, O_LAYOUT)
+            addrs = _sm90_kv1_l2_addrs(x_ptr, t, 1 - sp, off, BLOCK_H, DV)
             gl.inline_asm_elementwise(
                 _XCHG_L2_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,l,l,l,l", [acc, addrs],
                 dtype=gl.int32, is_pure=False, pack=4,
             )  # fmt: skip
         else:
-            off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
             gl.inline_asm_elementwise(
                 _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r",
                 [acc, off, gl.full_like(off, 1)], dtype=gl.int32, is_pure=False, pack=4,
@@ -1399,7 +1398,7 @@ if _HAS_GLUON:
             if XCHG_L2:  # the partner's half from L2, in the same layout
                 o_other = gl.inline_asm_elementwise(
                     _XCHG_L2_GET4_ASM, "=f,=f,=f,=f,l,l,l,l",
-                    [_sm90_kv1_l2_addrs(plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT)],
+                    [_sm90_kv1_l2_addrs(plse_ptr, t, sp, off, BLOCK_H, DV)],
                     dtype=gl.float32, is_pure=False, pack=4,
                 )  # fmt: skip
             else:
