@@ -417,9 +417,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     def g(block_h: int, warps: int, **kw: object) -> object:
         return cfg(block_h, 64, warps, 2, per_sm=1, pdl=True, gluon=True, **kw)
 
-    def l2x(name: str) -> object:
-        return dataclasses.replace(mod._CONFIGS_BIG[name], xchg_l2=True)
-
     # The launch-time choice before the Gluon kernel (2026-12-01), and the runner-ups.
     return {
         "t_h16n32": (cfg(16, 32, 4, 3, pdl=True), lambda h: h <= 32),
@@ -454,11 +451,6 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
         "ws_h8_cm": (g(8, 8, dup_s=True, producer_warps=4, cluster_merge=True), lambda h: h <= 8),
         "ws_h16_cm": (g(16, 8, producer_warps=4, cluster_merge=True), few),
         "ws_h32_cm": (g(32, 8, producer_warps=4, cluster_merge=True), mid),
-        # The launch-time choices with the cluster exchange's half of o through L2
-        # (xchg_l2, variant 79); the same builds where a cell takes no clusters.
-        "ws_h8_l2x": (l2x("ws_h8"), lambda h: h <= 8),
-        "ws_h16_l2x": (l2x("ws_h16"), lambda h: 8 < h <= 16),
-        "ws_h32_l2x": (l2x("ws_h32"), lambda h: 16 < h <= 32),
     }
 
 

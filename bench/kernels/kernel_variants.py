@@ -21,7 +21,6 @@ splits merged in a 2-CTA cluster) and batch 128 (one split). Patching runs anywh
   pull      the s_by_one cluster exchange read by the keeper from the partner (local stores)
   sentinel  the s_by_one exchange with no fence: the keeper spins until no sentinel is left
   qk2, qk2i  KV-major q.kT as two accumulator chains (qk2i: a k-step of each in turn)
-  l2x       the launch choices at 8-32 heads with xchg_l2 (the exchanged half of o through L2)
   x16, x16u  the s_by_one exchange in fp16 with a power-of-two scale a 16-value pack
              (x16: o divided by l before it is sent; x16u: unscaled, at the loop end)
   nopv0, halfqk, pv1all  ablations (wrong results) of the tile loop's MMA work
@@ -159,8 +158,6 @@ def _stamp(slot: str, indent: int, cond: str = "") -> str:
 
 
 _S, _O, _F = "_sm90_kv1_s_wg", "_sm90_kv1_o_wg", "_sm90_kv1_finish"
-# Each sender's call that hands its half of o to the partner (both warpgroups).
-_SEND = "_sm90_kv1_send_half(acc, plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT, XCHG_L2)"
 _LAST = "i == n_tiles - 1"
 # Where the stamps go: (function, anchor, slot, indent, before the anchor, condition).
 # The anchor's own indent is the stamp's unless the stamp goes one level deeper. After the
@@ -185,7 +182,8 @@ _STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
     (_S, "        if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes",
      "s_loop", 8, True, ""),
     (_S, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n", "s_cw", 12, False, ""),
-    (_S, " " * 16 + _SEND + "\n", "s_put", 16, False, ""),
+    (_S, "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n", "s_put", 16, False,
+     ""),
     (_S, "        lse2 = gl.convert_layout(lse2, gl.SliceLayout(0, O_LAYOUT))\n", "s_stats", 8,
      False, ""),
     (_S, " " * 12 + "mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been"
@@ -197,7 +195,7 @@ _STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
      ""),
     (_O, "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n",
      "o_cw", 12, False, ""),
-    (_O, " " * 12 + _SEND + "\n", "o_put", 12, False, ""),
+    (_O, "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n", "o_put", 12, False, ""),
     (_O, "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n", "o_sent", 12, False, ""),
     (_O, "            mbarrier.wait(p_full, n_tiles & 1)\n", "o_pf", 12, False, ""),
     (_F, "        c0: gl.constexpr = HALF * (DV // 2)\n", "s_fin", 8, False, ""),
@@ -214,14 +212,11 @@ def stamps(src: str) -> str:
         src = _sub(src, fn, anchor, stamp + anchor if before else anchor + stamp)
     a, b = _span(src, _F)  # s_end: the finish's last statement
     src = src[:a] + src[a:b].rstrip("\n") + "\n" + _stamp("s_end", 8) + "\n" + src[b:]
-    # Stamps go to the workspace, which the direct and cluster paths leave unused (and
-    # which xchg_l2's buffer then does not share).
-    src = _sub(
+    # Stamps go to the workspace, which the direct and cluster paths leave unused.
+    return _sub(
         src, None, "po = plse = lse  # unused placeholders",
         "po = plse = workspace if workspace is not None else lse",
     )  # fmt: skip
-    fits = "fits = workspace is not None and workspace.dtype == torch.float32"
-    return _sub(src, None, fits, "fits = False")
 
 
 def noq(src: str) -> str:
@@ -262,10 +257,10 @@ def bf16x(src: str) -> str:
     src = _sub(src, f, "+ heads // 8) * 32 + lane) * 16", "+ heads // 8) * 32 + lane) * 8")
     src = _sub(src, "_sm90_kv1_send_half", "_XCHG_PUT4_ASM, ", "_XCHG_PUT4H_ASM, ")
     get = '_XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],\n'
-    get += " " * 20 + "dtype=gl.float32, is_pure=False, pack=4,\n" + " " * 16 + ")  # fmt: skip"
+    get += " " * 16 + "dtype=gl.float32, is_pure=False, pack=4,\n" + " " * 12 + ")  # fmt: skip"
     new = '_XCHG_GET4H_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],\n'
-    new += " " * 20 + "dtype=gl.int32, is_pure=False, pack=4,\n"
-    new += " " * 16 + ").to(gl.float32, bitcast=True)  # fmt: skip"
+    new += " " * 16 + "dtype=gl.int32, is_pure=False, pack=4,\n"
+    new += " " * 12 + ").to(gl.float32, bitcast=True)  # fmt: skip"
     return _sub(src, "_sm90_kv1_finish", get, new)
 
 
@@ -276,7 +271,7 @@ def stats_first(src: str) -> str:
     f = "_sm90_kv1_s_wg"
     half = (
         "            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below\n"
-        + " " * 16 + _SEND + "\n"
+        "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
     )
     src = _sub(src, f, half, "")
     stats = "            _sm90_kv1_send_stats(lse2, inv, BLOCK_H, O_LAYOUT)\n"
@@ -782,7 +777,7 @@ def x16(src: str) -> str:
         " in split 1 this half goes at once\n"
         "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)\n"
         "            if sp == 1:  # unscaled: the partner scales it by the 1/l sent below\n"
-        + " " * 16 + _SEND + "\n"
+        "                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
     )
     src = _sub(src, f, old, "")
     old = (
@@ -805,7 +800,7 @@ def x16(src: str) -> str:
         "        if CLUSTER2 and sp == 0:"
         "  # split 0 keeps the first half: send this one, unscaled\n"
         "            _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready\n"
-        + " " * 12 + _SEND + "\n"
+        "            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)\n"
         "            _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)\n"
         "        else:\n"
         "            mbarrier.wait(p_full, n_tiles & 1)\n"
@@ -842,7 +837,7 @@ def x16u(src: str) -> str:
 def _unscaled16(src: str, code: str) -> str:
     src = _keeper16(src, code)
     for fn in ("_sm90_kv1_s_wg", "_sm90_kv1_o_wg"):
-        old = _SEND
+        old = "_sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)"
         src = _sub(src, fn, old, "_sm90_kv1_send_half16(acc, BLOCK_H, DV, O_LAYOUT)")
     return src
 
@@ -857,12 +852,12 @@ def _keeper16(src: str, code: str) -> str:
     new = "            off, eoff = _sm90_kv1_x16_offsets(BLOCK_H, DV, O_LAYOUT)\n"
     src = _sub(src, f, old, new)
     old = (
-        '                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
+        '                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r",'
         " [off, gl.full_like(off, 1)],\n"
-        "                    dtype=gl.float32, is_pure=False, pack=4,\n"
+        "                dtype=gl.float32, is_pure=False, pack=4,\n"
     )
     new = (
-        "                    _X16_GET_ASM, _X16_GET_CONS, [off, eoff], dtype=gl.float32,"
+        "                _X16_GET_ASM, _X16_GET_CONS, [off, eoff], dtype=gl.float32,"
         " is_pure=False, pack=16,\n"
     )
     return _sub(src, f, old, new)
@@ -950,14 +945,3 @@ def x16p(src: str) -> str:
 
 
 VARIANTS["x16p"] = x16p
-
-
-def l2x(src: str) -> str:
-    """The launch-time choices at 8-32 heads with xchg_l2: the cluster exchange's half of
-    o through L2 (variant 79), so that phase_stamps.py can stamp it (--stamps-on l2x).
-    The bench's sweep has the same configs as ws_h8_l2x, ws_h16_l2x, ws_h32_l2x."""
-    old = "        cluster_merge=True,\n    ),\n"
-    return _sub(src, None, old, "        cluster_merge=True, xchg_l2=True,\n    ),\n", 3)
-
-
-VARIANTS["l2x"] = l2x

@@ -4,10 +4,10 @@
 
 Prints registers, shared memory, stack and local bytes of every producer-warp build the
 cluster merge and the s_by_one split-K use (8, 16 and 32 heads; clustered, split-K and
-direct; the launch-time configs and the same with xchg_l2), one row a build and variant,
-so that a variant's cost in registers and spills is known before device time is spent on
-it. Gluon needs the Triton the GPU machine has (3.6); with another it refuses to start:
-on a CPU machine put a triton 3.6 first on PYTHONPATH.
+direct), one row a build and variant, so that a variant's cost in registers and spills
+is known before device time is spent on it. Gluon needs the Triton the GPU machine has
+(3.6); with another, the kernel may not compile (say so rather than guess): on a CPU
+machine put a triton 3.6 first on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tests" / "kernels"))
 
-import bench_sparse_mla  # noqa: E402
 import kernel_variants  # noqa: E402
 import triton  # noqa: E402
 from sm120_fitness import Resources, compile_build  # noqa: E402
@@ -30,8 +29,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 SM90 = GPUTarget("cuda", 90, 32)
 TRITON = "3.6."  # the GPU machine's; Triton 3.9's Gluon lacks calls the kernel makes
 SM90_SMEM_LIMIT = 232448  # 227 KiB, the opt-in maximum a block gets on SM90
-# The launch-time choices, and (from the bench's sweep) the same with xchg_l2.
-CONFIGS = ("ws_h8", "ws_h16", "ws_h32", "ws_h8_l2x", "ws_h16_l2x", "ws_h32_l2x")
+CONFIGS = ("ws_h8", "ws_h16", "ws_h32")
 MODES = {  # (direct, cluster): one split, two splits in a 2-CTA cluster, split-K
     "cluster": (False, True),
     "split-K": (False, False),
@@ -52,7 +50,7 @@ def rows(variant: str, configs: tuple[str, ...], modes: tuple[str, ...]) -> list
     mod = kernel_variants.load(variant)
     out = []
     for name in configs:
-        cfg = mod._CONFIGS_BIG.get(name) or bench_sparse_mla.sweep_variants(mod)[name][0]
+        cfg = mod._CONFIGS_BIG[name]
         for mode in modes:
             direct, cluster = MODES[mode]
             pdl = cfg.pdl and not direct and not cluster

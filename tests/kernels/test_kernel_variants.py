@@ -18,7 +18,7 @@ import phase_stamps  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer", "stamps+l2x"]
+    "name", [*kernel_variants.VARIANTS, "stamps+bf16x", "stamps+noxfer"]
 )
 def test_variant_patches_apply_and_parse(name: str) -> None:
     base = kernel_variants.source("base")
@@ -37,14 +37,6 @@ def test_stamps_write_every_slot_once() -> None:
             continue  # the second warpgroup's copy of a per-HALF slot
         else:
             assert src.count(f"_stamp(po_ptr, t, sp, {k})") == 1, slot
-
-
-def test_l2x_turns_the_option_on_in_the_launch_choices_and_stamps_keep_their_workspace() -> None:
-    src = kernel_variants.source("stamps+l2x")
-    assert src.count("cluster_merge=True, xchg_l2=True,") == 3  # ws_h8, ws_h16, ws_h32
-    # The stamps live in the caller's workspace: xchg_l2 then takes a buffer of its own.
-    assert "po = plse = workspace if workspace is not None else lse" in src
-    assert "            fits = False\n" in src
 
 
 def test_unknown_variant_and_moved_anchor_are_named() -> None:

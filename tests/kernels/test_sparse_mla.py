@@ -6,7 +6,6 @@ TRITON_INTERPRET=1; shapes marked `gpu` are too slow for the interpreter.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -272,12 +271,9 @@ GLUON_CFGS = list(dict.fromkeys([
     *WS_CM_CFGS,
 ]))
 
-# The launch-time choices at 8, 16 and 32 heads from 32 tokens, the same with the half
-# of o exchanged through L2 (xchg_l2), and the ones before them.
-CLUSTER_NAMES = ("ws_h8", "ws_h16", "ws_h32")
-L2X_CFGS = [dataclasses.replace(mod._CONFIGS_BIG[n], xchg_l2=True) for n in CLUSTER_NAMES]
+# The launch-time choices at 8, 16 and 32 heads from 32 tokens, and the ones before them.
 CLUSTER_CFGS = list(dict.fromkeys(
-    [*(mod._CONFIGS_BIG[n] for n in CLUSTER_NAMES), *L2X_CFGS, *WS_CM_CFGS]
+    [*(mod._CONFIGS_BIG[n] for n in ("ws_h8", "ws_h16", "ws_h32")), *WS_CM_CFGS]
 ))
 
 
@@ -299,23 +295,6 @@ def test_cluster_merge(cfg: object, topk: int, dtype: torch.dtype) -> None:
         return
     tol = 3e-3 if dtype == torch.float16 else 1e-2
     run_checked(q, kv, idx, 0.05, tol=tol, config=cfg, num_splits=2)
-
-
-@pytest.mark.gpu
-def test_xchg_l2_uses_a_given_workspace_or_its_own() -> None:
-    # The L2 exchange needs 2 x BLOCK_H x 256 fp32 a token: a workspace that large is
-    # used (its contents change), a smaller one is left alone for a buffer of its own.
-    cfg = L2X_CFGS[1]  # 16-head blocks
-    q, kv, idx = make_inputs(4, 12, 2048, num_blocks=64)
-    need = 4 * 2 * cfg.block_h * 256
-    if torch.cuda.get_device_capability()[0] != 9:
-        with pytest.raises(ValueError, match="SM90"):
-            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=2)
-        return
-    for size, used in ((need + 7, True), (need - 1, False)):
-        ws = torch.full((size,), float("nan"), device=q.device)
-        run_checked(q, kv, idx, 0.05, config=cfg, num_splits=2, workspace=ws)
-        assert bool(torch.isnan(ws).all()) != used, (size, used)
 
 
 def make_moving_max_inputs(
@@ -411,7 +390,7 @@ def exchange_rel(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [*CLUSTER_NAMES, *(n + "+xchg_l2" for n in CLUSTER_NAMES)])
+@pytest.mark.parametrize("name", ["ws_h8", "ws_h16", "ws_h32"])
 def test_cluster_exchange_keeps_each_value_to_bf16(monkeypatch, name: str) -> None:
     # The cluster exchange carries each split's half of o, not yet divided by l, between
     # the pair. With latent columns scaled 1e-3..1e3 apart and heads' score scales 1-5x
@@ -422,8 +401,7 @@ def test_cluster_exchange_keeps_each_value_to_bf16(monkeypatch, name: str) -> No
     # CPU model (bench/kernels/exchange_precision.py) any format with under ~17 mantissa
     # bits fails it, whatever its scales: values that are small after the two splits'
     # halves cancel.
-    base, _, l2 = name.partition("+")
-    cfg = dataclasses.replace(mod._CONFIGS_BIG[base], xchg_l2=bool(l2))
+    cfg = mod._CONFIGS_BIG[name]
     q, kv, idx = exchange_inputs(cfg.block_h)
     if torch.cuda.get_device_capability()[0] != 9:
         with pytest.raises(ValueError, match="SM90"):
@@ -508,10 +486,6 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
                             cluster_merge=True),
         mod.SparseMLAConfig(64, 64, 8, 2, per_sm=1, gluon=True, producer_warps=4,
                             head_major=True, cluster_merge=True),
-        # xchg_l2 exists only in the KV-major s_by_one cluster exchange.
-        dataclasses.replace(mod._CONFIGS_BIG["ws_h16"], cluster_merge=False, xchg_l2=True),
-        dataclasses.replace(mod._CONFIGS_BIG["ws_h16"], s_by_one=False, num_warps=8,
-                            xchg_l2=True),
     ],
     ids=repr,
 )

@@ -108,10 +108,6 @@ class SparseMLAConfig:
     # distributed shared memory (no partials in global memory, no merge kernel). With
     # s_by_one each warpgroup's half of oT is one split's half of o's columns.
     cluster_merge: bool = False
-    # cluster_merge with KV-major s_by_one: the half of o each CTA hands its partner goes
-    # through global memory (L2) instead of the partner's shared memory; lse, 1/l and the
-    # signal still cross in distributed shared memory (notes, variant 79).
-    xchg_l2: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -1054,7 +1050,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, XCHG_L2: gl.constexpr,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, first warpgroup: q to shared memory; per tile s = q . kvT for all 64
         rows, the softmax (row max and sums within the warpgroup), p and alpha handed to
@@ -1113,7 +1109,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        CLUSTER2: gl.constexpr, XCHG_L2: gl.constexpr,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one, second warpgroup: per tile, once p and alpha are handed over,
         o[:, 256:] = o * alpha + p . v; at the end o scaled by the 1/l handed over."""
@@ -1176,7 +1172,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, XCHG_L2: gl.constexpr,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major (up to 32 heads), first warpgroup: per tile sT = kv . qT for
         every head (kv read from shared memory once, not once per warpgroup), the softmax
@@ -1224,7 +1220,7 @@ if _HAS_GLUON:
         if CLUSTER2:  # the partner's barrier is ready; in split 1 this half goes at once
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)
             if sp == 1:  # unscaled: the partner scales it by the 1/l sent below
-                _sm90_kv1_send_half(acc, plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT, XCHG_L2)
+                _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
         if not SUM_IN_LOOP:
             l_i = gl.sum(l_part, 0)
         lse2, inv = _sm90_lse2_inv(m_i, l_i, v_scale)
@@ -1247,7 +1243,7 @@ if _HAS_GLUON:
             _sm90_kv1_finish(
                 acc * inv[None, :], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
                 plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
-                DIRECT, CLUSTER2, XCHG_L2, q_smem.slice(0, DV // 2, 1),
+                DIRECT, CLUSTER2, q_smem.slice(0, DV // 2, 1),
             )  # fmt: skip
 
     @gluon.jit
@@ -1257,7 +1253,7 @@ if _HAS_GLUON:
         stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, NBUF: gl.constexpr,
         O_LAYOUT: gl.constexpr, S_LAYOUT: gl.constexpr, DIRECT: gl.constexpr,
-        CLUSTER2: gl.constexpr, XCHG_L2: gl.constexpr,
+        CLUSTER2: gl.constexpr,
     ):  # fmt: skip
         """s_by_one KV-major, second warpgroup: per tile, once p and alpha are handed
         over, oT[256:] = oT * alpha + kv[:, 256:]T . pT; at the end this half of o scaled
@@ -1281,7 +1277,7 @@ if _HAS_GLUON:
             mbarrier.arrive(empty_bars.index(buf))
         if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
             _sm90_per_thread(_CLUSTER_WAIT_ASM, 4)  # the partner's barrier is ready
-            _sm90_kv1_send_half(acc, plse_ptr, t, sp, BLOCK_H, DV, O_LAYOUT, XCHG_L2)
+            _sm90_kv1_send_half(acc, BLOCK_H, DV, O_LAYOUT)
             _sm90_per_thread(_XCHG_SIGNAL_ASM, 4)
         else:
             mbarrier.wait(p_full, n_tiles & 1)
@@ -1290,7 +1286,7 @@ if _HAS_GLUON:
             _sm90_kv1_finish(
                 acc * inv[None, :], lse2, 1, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
                 plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, DV, O_LAYOUT,
-                DIRECT, CLUSTER2, XCHG_L2, q_smem.slice(DV // 2, DV // 2, 1),
+                DIRECT, CLUSTER2, q_smem.slice(DV // 2, DV // 2, 1),
             )  # fmt: skip
 
     @gluon.jit
@@ -1304,48 +1300,18 @@ if _HAS_GLUON:
         lane = (rows % 8) * 4 + (heads % 8) // 2
         return _XCHG_DATA + (((rows // 16) * (BLOCK_H // 8) + heads // 8) * 32 + lane) * 16
 
-    # XCHG_L2: the halves of o cross through a global buffer instead, each thread's
-    # 16-byte groups in the exchange buffer's layout (a warp's stores are 512 consecutive
-    # bytes), BLOCK_H x DV/2 fp32 a keeper: token t's split k reads slot 2t + k. The
-    # signal's release at cluster scope orders these stores before the keeper's acquire
-    # as it does remote shared-memory stores (MEMBAR.ALL.GPU either way).
-    _XCHG_L2_PUT4_ASM: gl.constexpr = gl.constexpr(
-        "st.global.v4.f32 [$8], {$4, $5, $6, $7};\n"
-        " mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0;"
-    )
-    # .cg: from L2, never a line this SM's L1 may hold from an earlier call.
-    _XCHG_L2_GET4_ASM: gl.constexpr = gl.constexpr(
-        "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];"
-    )
-
-    @gluon.jit
-    def _sm90_kv1_l2_addrs(x_ptr, t, keeper, off, BLOCK_H: gl.constexpr, DV: gl.constexpr):
-        """XCHG_L2: where each element of a warpgroup's half of oT lies in split keeper's
-        slot of token t, from its byte offset off in the exchange buffer, as 64-bit
-        addresses (inline asm mixes no pointer with floats)."""
-        slot = x_ptr + (t * 2 + keeper) * (BLOCK_H * (DV // 2))
-        return (slot + (off - _XCHG_DATA) // 4).to(gl.int64)
-
     @gluon.jit
     def _sm90_kv1_send_half(
-        acc, x_ptr, t, sp, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr,
-        XCHG_L2: gl.constexpr,
+        acc, BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr
     ):  # fmt: skip
         """cluster_merge, s_by_one: this warpgroup's half of oT, not yet divided by l, into
         the partner's buffer as soon as the loop ends (the partner scales it by the 1/l
-        that comes with the lse); with XCHG_L2 into its slot of x_ptr."""
+        that comes with the lse)."""
         off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
-        if XCHG_L2:
-            addrs = _sm90_kv1_l2_addrs(x_ptr, t, 1 - sp, off, BLOCK_H, DV)
-            gl.inline_asm_elementwise(
-                _XCHG_L2_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,l,l,l,l", [acc, addrs],
-                dtype=gl.int32, is_pure=False, pack=4,
-            )  # fmt: skip
-        else:
-            gl.inline_asm_elementwise(
-                _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r",
-                [acc, off, gl.full_like(off, 1)], dtype=gl.int32, is_pure=False, pack=4,
-            )  # fmt: skip
+        gl.inline_asm_elementwise(
+            _XCHG_PUT4_ASM, "=r,=r,=r,=r,f,f,f,f,r,r,r,r,r,r,r,r", [acc, off, gl.full_like(off, 1)],
+            dtype=gl.int32, is_pure=False, pack=4,
+        )  # fmt: skip
 
     @gluon.jit
     def _sm90_kv1_send_stats(lse2, inv, BLOCK_H: gl.constexpr, O_LAYOUT: gl.constexpr):
@@ -1381,7 +1347,7 @@ if _HAS_GLUON:
         out, lse2, HALF: gl.constexpr, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
         plse_ptr, stride_ot, stride_oh, stride_lt, stride_lh,
         BLOCK_H: gl.constexpr, DV: gl.constexpr, O_LAYOUT: gl.constexpr,
-        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, XCHG_L2: gl.constexpr, stage_smem,
+        DIRECT: gl.constexpr, CLUSTER2: gl.constexpr, stage_smem,
     ):  # fmt: skip
         """s_by_one KV-major: warpgroup HALF's normalised half of oT (o's columns
         [HALF * 256, HALF * 256 + 256)) stored, or as split-K partials, or with
@@ -1395,17 +1361,10 @@ if _HAS_GLUON:
             off = _sm90_kv1_xchg_offsets(BLOCK_H, DV, O_LAYOUT)
             off_l = gl.arange(0, BLOCK_H, layout=h_l) * 4
             _sm90_per_thread(_XCHG_WAIT_ASM, 4)
-            if XCHG_L2:  # the partner's half from L2, in the same layout
-                o_other = gl.inline_asm_elementwise(
-                    _XCHG_L2_GET4_ASM, "=f,=f,=f,=f,l,l,l,l",
-                    [_sm90_kv1_l2_addrs(plse_ptr, t, sp, off, BLOCK_H, DV)],
-                    dtype=gl.float32, is_pure=False, pack=4,
-                )  # fmt: skip
-            else:
-                o_other = gl.inline_asm_elementwise(
-                    _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],
-                    dtype=gl.float32, is_pure=False, pack=4,
-                )  # fmt: skip
+            o_other = gl.inline_asm_elementwise(
+                _XCHG_GET4_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,r", [off, gl.full_like(off, 1)],
+                dtype=gl.float32, is_pure=False, pack=4,
+            )  # fmt: skip
             lse_other = gl.inline_asm_elementwise(
                 _XCHG_GET_ASM, "=f,r", [16 + off_l], dtype=gl.float32, is_pure=False, pack=1
             )
@@ -1549,7 +1508,6 @@ if _HAS_GLUON:
         S_BY_ONE: gl.constexpr,
         O_REGS: gl.constexpr,
         CLUSTER2: gl.constexpr,
-        XCHG_L2: gl.constexpr,
     ):
         if USE_PDL:  # as gdc_launch_dependents: the merge's programs may launch now
             gl.inline_asm_elementwise(
@@ -1634,7 +1592,7 @@ if _HAS_GLUON:
                              start, end, qk_scale, v_scale, q_ptr + t * stride_qt, hb, H,
                              stride_qh, t, sp, NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr,
                              stride_ot, stride_oh, stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV,
-                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2, XCHG_L2),
+                             DR, NBUF, O_LAYOUT, S_LAYOUT, DIRECT, CLUSTER2),
                         ),
                         (
                             _sm90_hm1_o_wg if HEAD_MAJOR else _sm90_kv1_o_wg,
@@ -1642,7 +1600,7 @@ if _HAS_GLUON:
                              p_bars.index(0), p_bars.index(1), start, end, hb, t, sp, H,
                              NUM_SPLITS, o_ptr, lse_ptr, po_ptr, plse_ptr, stride_ot, stride_oh,
                              stride_lt, stride_lh, BLOCK_H, BLOCK_N, DV, NBUF, O_LAYOUT,
-                             S_LAYOUT, DIRECT, CLUSTER2, XCHG_L2),
+                             S_LAYOUT, DIRECT, CLUSTER2),
                         ),
                         (
                             _sm90_ws_gather,
@@ -1756,7 +1714,6 @@ if _HAS_GLUON:
             "S_BY_ONE": cfg.s_by_one,
             "O_REGS": S_BY_ONE_O_REGS,
             "CLUSTER2": cluster,
-            "XCHG_L2": cluster and cfg.xchg_l2,
         }
 
 
@@ -2057,13 +2014,6 @@ def _launch(
 
     if direct or cluster:
         po = plse = lse  # unused placeholders
-        if cluster and cfg.xchg_l2:  # the halves of o cross through plse's buffer
-            need = num_tokens * 2 * cfg.block_h * (D_LATENT // 2)
-            fits = workspace is not None and workspace.dtype == torch.float32
-            if fits and workspace.numel() >= need:
-                plse = workspace[:need]
-            else:  # (workspace_numel does not cover it below BLOCK_H / 2 heads)
-                plse = torch.empty(need, dtype=torch.float32, device=q.device)
     else:
         need = workspace_numel(num_tokens, num_heads, num_splits)
         if workspace is None:
@@ -2102,7 +2052,6 @@ def _launch(
                 and (cfg.head_major or not cfg.producer_warps
                      or cfg.num_warps != (4 if cfg.s_by_one else 8) or cfg.block_h > 32)
             )
-            or (cfg.xchg_l2 and not (cfg.cluster_merge and cfg.s_by_one))
         ):
             raise ValueError(f"no Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON and info.major == 9) or interpret:
@@ -2126,7 +2075,7 @@ def _launch(
         if cluster:
             if not _launch_in_pairs(args, kw, num_tokens):
                 # This Triton's launcher cannot be asked for clusters: the merge kernel.
-                plain = dataclasses.replace(cfg, cluster_merge=False, xchg_l2=False)
+                plain = dataclasses.replace(cfg, cluster_merge=False)
                 return _launch(
                     q, kv_cache, indices, out, lse, sm_scale, kv_scale, workspace, plain,
                     num_splits, info,
