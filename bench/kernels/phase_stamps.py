@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import kernel_variants  # noqa: E402
 from ab_sparse_mla import parse_cell  # noqa: E402
 
-CLUSTER_ONLY = {"noxfer", "bf16x"}
+CLUSTER_ONLY = {"noxfer", "bf16x"}  # no change where no cluster runs
 
 
 def kv_major(h: int, t: int) -> bool:

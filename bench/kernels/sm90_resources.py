@@ -6,8 +6,8 @@ Prints registers, shared memory, stack and local bytes of every producer-warp bu
 cluster merge and the s_by_one split-K use (8, 16 and 32 heads; clustered, split-K and
 direct), one row a build and variant, so that a variant's cost in registers and spills
 is known before device time is spent on it. Gluon needs the Triton the GPU machine has
-(3.6); with another, the kernel may not compile (say so rather than guess): on a CPU
-machine put a triton 3.6 first on PYTHONPATH.
+(3.6); with another it refuses to start: on a CPU machine put a triton 3.6 first on
+PYTHONPATH.
 """
 
 from __future__ import annotations
