@@ -31,7 +31,8 @@ def _gguf_loaded(m: re.Match[str]) -> str:
 
 
 # (pattern, step or None to keep the step, detail). vLLM 0.32.0's messages:
-# gpu_model_runner/cpu_model_runner ("Starting to load model"), default_loader
+# gpu_model_runner/cpu_model_runner ("Starting to load model", the V1 runner),
+# gpu/model_runner ("Loading model from scratch", the V2 runner), default_loader
 # ("Loading weights took"), gpu_model_runner ("Model loading took", "Graph capturing
 # finished"), compilation/backends.py and monitor.py, gpu_worker ("Available KV cache
 # memory"), kv_cache_utils ("KV cache size"), engine/core.py ("init engine"),
@@ -40,6 +41,7 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
     (re.compile(r"Initializing a V1 LLM engine \(v([^)]*)\)"), STARTING_ENGINE,
      lambda m: f"vLLM {m[1]}"),
     (re.compile(r"Starting to load model"), LOADING, None),
+    (re.compile(r"Loading model from scratch"), LOADING, None),
     (re.compile(r"Loading weights took ([\d.]+) seconds"), LOADED,
      lambda m: f"in {float(m[1]):.1f} s"),
     (re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"), LOADED,
@@ -63,6 +65,21 @@ MILESTONES: list[tuple[re.Pattern[str], str | None, Callable[[re.Match[str]], st
      API_SERVER, lambda m: f"engine ready in {float(m[1]):.1f} s"),
     (re.compile(r"Starting vLLM server on (\S+)"), API_SERVER, lambda m: f"listening on {m[1]}"),
 ]
+
+
+# Which model runner loads the model: the V2 runner's worker says so (gpu_worker,
+# cpu_worker: "Using V2 Model Runner") and the V1 runners start loading with their
+# own message. GPU users of a DFlash drafter with sliding-window layers must be on V2.
+RUNNERS = [(re.compile(r"Using V2 Model Runner|Loading model from scratch"), "V2"),
+           (re.compile(r"Starting to load model"), "V1")]
+
+
+def model_runner(message: str) -> str | None:
+    """"V1" or "V2" for the message that tells which model runner runs, else None."""
+    for pattern, runner in RUNNERS:
+        if pattern.search(message):
+            return runner
+    return None
 
 
 # The engine's "KV cache size" line comes once, after every rank's "Available KV cache

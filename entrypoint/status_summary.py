@@ -90,6 +90,8 @@ def summarize(status: dict[str, Any], now: float) -> str:
     if isinstance(steps, list) and steps:
         parts = [f"{s.get('step')} {_seconds(float(s.get('seconds', 0)))}" for s in steps]
         lines.append("  steps: " + ", ".join(parts))
+    if status.get("model_runner"):
+        lines.append(f"  model runner: {status['model_runner']}")
     spec = status.get("speculative")
     if isinstance(spec, dict):
         lines.append(f"  {speculative_line(spec)}")

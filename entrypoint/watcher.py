@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from entrypoint import load_progress, metrics, node_links, startup_history
-from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone
+from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone, model_runner
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
     describe_wait_status,
@@ -109,6 +109,7 @@ class Tracker:
     steps: Steps = field(init=False)
     log: LogTail | None = field(init=False, default=None)
     speculative: dict[str, Any] | None = None
+    runner: str | None = None  # "V1" or "V2": vLLM's model runner, from its log
     loading_start: tuple[float, int] | None = None  # (time, bytes) of the first progress seen
     history: dict[str, Any] | None = field(init=False, default=None)  # the last good start
 
@@ -128,6 +129,7 @@ class Tracker:
             return
         for record in self.log.read():
             message = str(record.get("msg", ""))
+            self.runner = self.runner or model_runner(message)
             found = milestone(message)
             if found is None:
                 continue
@@ -259,6 +261,7 @@ class Tracker:
             "detail": current.get("detail"),
             "steps": self.steps.durations(now),
             **({"loading": loading} if loading else {}),
+            **({"model_runner": self.runner} if self.runner else {}),
             **({"speculative": self.speculative} if self.speculative else {}),
             **log_part,
             **({"node": self.config.node} if self.config.node else {}),

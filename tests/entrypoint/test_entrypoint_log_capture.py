@@ -23,6 +23,7 @@ VLLM_MESSAGES = [
     ("v1/engine/core.py", "Initializing a V1 LLM engine (v%s)", ("0.32.0",),
      steps.STARTING_ENGINE, "vLLM 0.32.0"),
     ("v1/worker/gpu_model_runner.py", "Starting to load model %s...", ("m",), steps.LOADING, None),
+    ("v1/worker/gpu/model_runner.py", "Loading model from scratch...", (), steps.LOADING, None),
     ("model_executor/model_loader/default_loader.py", "Loading weights took %.2f seconds",
      (12.5,), steps.LOADED, "in 12.5 s"),
     ("v1/worker/gpu_model_runner.py", "Model loading took %s GiB memory and %.6f seconds",
@@ -61,6 +62,23 @@ def test_milestones_match_vllm_messages(
     # stand on one line.
     assert fmt[:30] in source, f"vLLM's {path} no longer says {fmt[:30]!r}"
     assert milestone(fmt % args) == (step, detail)
+
+
+# The messages that say which model runner runs (vLLM 0.32.0's source, as above).
+RUNNER_MESSAGES = [
+    ("v1/worker/gpu_worker.py", "Using V2 Model Runner", "V2"),
+    ("v1/worker/cpu_worker.py", "Using V2 Model Runner", "V2"),
+    ("v1/worker/gpu/model_runner.py", "Loading model from scratch...", "V2"),
+    ("v1/worker/gpu_model_runner.py", "Starting to load model %s...", "V1"),
+    ("v1/worker/cpu_model_runner.py", "Starting to load model %s...", "V1"),
+]
+
+
+@pytest.mark.parametrize(("path", "message", "runner"), RUNNER_MESSAGES)
+def test_model_runner_from_vllm_messages(path: str, message: str, runner: str) -> None:
+    assert message[:25] in vllm_source(path), f"vLLM's {path} no longer says {message!r}"
+    assert log_capture.model_runner(message.replace("%s", "/models/x")) == runner
+    assert log_capture.model_runner("Resolved architecture: Qwen3ForCausalLM") is None
 
 
 def test_other_messages_are_no_milestones() -> None:
@@ -156,6 +174,20 @@ def test_a_gpu_start_goes_through_every_step_in_order(tmp_path: Path) -> None:
     history = json.loads((tmp_path / "startup-history.json").read_text())
     assert [s["step"] for s in history["steps"]] == names
     assert history["total_s"] == 10.0  # validating at 990, ready at 1000
+
+
+@pytest.mark.parametrize("runner", ["V1", "V2"])
+def test_status_names_the_model_runner(tmp_path: Path, runner: str) -> None:
+    from entrypoint.status_summary import summarize
+
+    tracker, log = tracker_with_log(tmp_path, cuda_graphs=True)
+    assert "model_runner" not in tracker.status()
+    lines = {"V1": ["Starting to load model /models/x..."],
+             "V2": ["Using V2 Model Runner", "Loading model from scratch..."]}[runner]
+    write_records(log, *(record(m) for m in lines), record("Starting to load model y..."))
+    tracker.read_log()
+    assert tracker.status()["model_runner"] == runner  # the first that says, kept
+    assert f"  model runner: {runner}" in summarize(tracker.status(), 1000.0).splitlines()
 
 
 def test_cpu_and_eager_starts_warm_up_instead_of_capturing(tmp_path: Path) -> None:
