@@ -79,16 +79,27 @@ def test_glm5_2node(vllm_table, rank: str, program: str) -> None:
 
 
 def test_qwen36_dflash(vllm_table) -> None:
+    """No forced attention backend: vLLM's own choice for target and drafter (the
+    profile says why)."""
     argv = options("qwen36-dflash.env")
     assert pairs(argv) == {
         "--model": "Qwen/Qwen3.6-27B",
         "--speculative-config": SPEC,
         "--tensor-parallel-size": "2",
-        "--attention-backend": "flash_attn",
         "--max-num-batched-tokens": "32768",
         "--disable-access-log-for-endpoints": "/health,/v1/models",
         "--shutdown-timeout": "30",
     }
+
+
+def test_qwen36_thinking_off_as_the_profile_documents(vllm_table) -> None:
+    text = (PROFILES / "qwen36-dflash.env").read_text()
+    line = 'SERVE_DEFAULT_CHAT_TEMPLATE_KWARGS={"enable_thinking": false}'
+    assert f"#   {line}" in text
+    env = read_env_file(str(PROFILES / "qwen36-dflash.env"))
+    key, value = line.split("=", 1)
+    argv = render({**env, key: value}).argv
+    assert pairs(argv)["--default-chat-template-kwargs"] == '{"enable_thinking":false}'
 
 
 @pytest.mark.parametrize("name", ["glm5.env", "glm5-2node.env", "qwen36-dflash.env"])
