@@ -23,6 +23,9 @@
 #   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
 #   glm5-model      a tiny random GLM-5 as a glm-dsa GGUF + its reference  `python -m fixtures.glm5_served`
 #   runtime-cpu-glm5  runtime-cpu serving that GGUF with DSA sparse MLA on CPU (smoke-glm5)
+#   dflash-model    a trained tiny Qwen3.6-shaped target, 3.6-shaped DFlash drafters, reference
+#                                                       `python -m fixtures.dflash_served`
+#   runtime-cpu-dflash  runtime-cpu serving that pair with DFlash on the V2 runner (smoke-dflash)
 #   cuda-base       CUDA base image + python3, its headers and gcc (Triton's launcher)
 #   cuda-deps       /opt/venv with the vLLM wheel's dependencies, /opt/cuda  build/docker/install-deps.sh,
 #                   build/docker/cuda-home.sh, build/docker/flashinfer-cubins.sh
@@ -201,6 +204,22 @@ ENV SERVE_MODEL=/opt/glm5/tiny-glm5.gguf \
     SERVE_QUANTIZATION=gguf \
     SERVE_SERVED_MODEL_NAME=tiny-glm5 \
     SERVE_DTYPE=float32
+HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "-m", "entrypoint", "probe"]
+
+# ---------------------------------------------------------------- dflash-model
+FROM cpu-deps AS dflash-model
+# Seeded; the target is trained here (about 2 min on 2 cores). The reference is
+# transformers' target and a torch version of z-lab's drafter on it.
+RUN --mount=type=bind,source=fixtures,target=/project/fixtures \
+    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.dflash_served /opt/dflash
+
+# ---------------------------------------------------------------- runtime-cpu-dflash
+FROM runtime-cpu AS runtime-cpu-dflash
+COPY --from=dflash-model /opt/dflash/ /opt/dflash/
+# The rest of the settings come from profiles/qwen36-dflash.env and compose (smoke-dflash).
+ENV SERVE_MODEL=/opt/dflash/target \
+    SERVE_SERVED_MODEL_NAME=tiny-qwen36
 HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
 

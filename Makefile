@@ -14,7 +14,8 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
-        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf smoke-glm5 bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
+        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
+        image-cpu-dflash \
         lint-deploy e2e check-image reclaim-space bench-build clean
 
 help: ## list the targets
@@ -99,6 +100,9 @@ smoke-gguf: ## CPU GGUF image + compose `smoke-gguf` (Gemma 3 270M Q4_K_M): read
 smoke-glm5: ## CPU image + compose `smoke-glm5` (tiny GLM-5 GGUF, DSA sparse MLA): readiness, a completion
 	build/docker/smoke.sh smoke-glm5
 
+smoke-dflash: ## CPU image + compose `smoke-dflash` (tiny Qwen3.6 + DFlash drafter, V2 runner): readiness, acceptance, a completion
+	build/docker/smoke.sh smoke-dflash
+
 bench-gguf-cpu: venv ## GGUF-on-CPU baseline: load time, peak RSS, tokens/s (Gemma 3 270M Q4_K_M)
 	$(VPY) bench/gguf_cpu/bench_gguf_cpu.py
 
@@ -116,6 +120,9 @@ image-cpu-gguf: ## build the CPU GGUF image frontier-serve:cpu-gguf (Gemma 3 270
 
 image-cpu-glm5: ## build the CPU GLM-5 image frontier-serve:cpu-glm5 (a tiny glm-dsa GGUF written at build time)
 	build/docker/build-image.sh runtime-cpu-glm5
+
+image-cpu-dflash: ## build the CPU DFlash image frontier-serve:cpu-dflash (tiny Qwen3.6 target + drafter written at build time)
+	build/docker/build-image.sh runtime-cpu-dflash
 
 lint-deploy: ## hadolint, compose config + schema, kubernetes-validate, shellcheck
 	build/docker/lint-deploy.sh

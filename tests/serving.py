@@ -186,6 +186,13 @@ def greedy(served: Served, prompt_ids: list[int], tokens: int) -> dict:
     })
 
 
+def spec_counters(served: Served) -> dict:
+    """vLLM's spec-decode counters from /metrics (the e2e check's reading of them)."""
+    from checks.image.check_reference import spec_counters as read
+
+    return read(f"http://127.0.0.1:{served.port}")
+
+
 def status_json(served: Served) -> dict:
     """The watcher's status file of `served`, {} while there is none."""
     from entrypoint.statusfile import read_json

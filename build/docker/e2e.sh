@@ -15,6 +15,11 @@
 #  9. GLM-5's architecture: build runtime-cpu-glm5 (a tiny glm-dsa GGUF written at
 #     build time with its transformers reference), `--profile smoke-glm5 up --wait`,
 #     probe, and greedy ids for the reference prompts that equal the reference's
+#  9b. Qwen3.6 + DFlash: build runtime-cpu-dflash (a tiny Qwen3.6-shaped target and a
+#     drafter of z-lab's Qwen3.6 shape, with their reference), `--profile smoke-dflash
+#     up --wait` (profiles/qwen36-dflash.env + the CPU twin's settings), probe, greedy
+#     ids equal to the target's alone, the spec-decode counters the reference predicts,
+#     and `status` showing that acceptance and the V2 model runner
 # 10. two containers as two nodes, after each single-node run they compare with:
 #     smoke-2node (+ -worker: the tiny model, PP 2 across them) and, with
 #     E2E_GGUF_2NODE=1, smoke-gguf-2node (the Gemma GGUF, PP 2), over 127.0.0.1:
@@ -42,7 +47,7 @@ only=${E2E_ONLY:-}  # 2node: the two-node checks and the single-node runs they c
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 compose() {
     SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port SMOKE_2NODE_PORT=$port \
-        SMOKE_GGUF_2NODE_PORT=$port SMOKE_2NODE_STORE_PORT=${store_port:-} \
+        SMOKE_GGUF_2NODE_PORT=$port SMOKE_DFLASH_PORT=$port SMOKE_2NODE_STORE_PORT=${store_port:-} \
         SMOKE_GGUF_2NODE_STORE_PORT=${store_port:-} "$DOCKER" compose -p "$PROJECT" -f docker-compose.yml --profile "$service" "$@"
 }
 health() {  # health [SERVICE]
@@ -220,8 +225,30 @@ if [[ $only != 2node ]]; then
     step "greedy ids from $model equal the reference written at build time"
     reference=$(mktemp)
     "$DOCKER" exec "$(compose ps -q smoke-glm5)" cat /opt/glm5/reference.json >"$reference"
-    python3 checks/image/check_glm5_reference.py "http://127.0.0.1:$port" "$model" "$reference"
+    python3 checks/image/check_reference.py "http://127.0.0.1:$port" "$model" "$reference"
     rm -f "$reference"
+    down
+
+    step "build runtime-cpu-dflash (tiny Qwen3.6 + DFlash drafter on runtime-cpu)"
+    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-dflash --quiet >/dev/null
+    up smoke-dflash
+    step "greedy ids with DFlash equal the target's alone; acceptance as the reference predicts"
+    reference=$(mktemp)
+    id=$(compose ps -q smoke-dflash)
+    "$DOCKER" exec "$id" cat /opt/dflash/reference.json >"$reference"
+    checked=$(python3 checks/image/check_reference.py "http://127.0.0.1:$port" "$model" \
+        "$reference" --drafter drafter) || { echo "$checked"; exit 1; }
+    echo "$checked"
+    rm -f "$reference"
+    acceptance=$(tail -1 <<<"$checked")
+    for _ in $(seq 30); do  # the watcher reads /metrics every few seconds
+        status=$("$DOCKER" exec "$id" python -m entrypoint status)
+        [[ $status == *"$acceptance"* ]] && break
+        sleep 1
+    done
+    echo "$status"
+    [[ $status == *"$acceptance"* ]] || { log "status does not show: $acceptance"; exit 1; }
+    [[ $status == *"model runner: V2"* ]] || { log "status names no V2 model runner"; exit 1; }
     down
 fi
 step "e2e passed"

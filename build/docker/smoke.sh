@@ -4,10 +4,13 @@
 # status and an example completion, and say how to stop it.
 # `smoke.sh smoke-gguf` (make smoke-gguf) does the same with the GGUF image:
 # Gemma 3 270M Q4_K_M through the patched plugin's CPU path; `smoke.sh smoke-glm5`
-# (make smoke-glm5) with a tiny GLM-5 GGUF (DSA sparse MLA on CPU).
+# (make smoke-glm5) with a tiny GLM-5 GGUF (DSA sparse MLA on CPU); `smoke.sh
+# smoke-dflash` (make smoke-dflash) with a tiny Qwen3.6-shaped target and DFlash
+# drafter, served from profiles/qwen36-dflash.env on the V2 model runner.
 # Where no Docker engine can be reached or started, run the same entrypoint,
 # model and readiness file directly from the CPU test tier (.venv).
-#   SMOKE_PORT / SMOKE_GGUF_PORT / SMOKE_GLM5_PORT   port on 127.0.0.1 (defaults: build/targets.toml)
+#   SMOKE_PORT / SMOKE_GGUF_PORT / SMOKE_GLM5_PORT / SMOKE_DFLASH_PORT
+#                  port on 127.0.0.1 (defaults: build/targets.toml)
 #   SMOKE_LOCAL=1  skip Docker and use the CPU test tier
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,17 +23,27 @@ target='' port='' port_env='' model='' prompt='' wait=''
 facts=$(PYTHONPATH=build python3 -m pipeline targets shell --service "$service" 2>/dev/null) || facts=
 eval "$facts"
 if [[ -z ${model:-} ]]; then
-    echo "usage: $0 [smoke|smoke-gguf|smoke-glm5]  (a service of build/targets.toml with smoke settings)" >&2
+    echo "usage: $0 [smoke|smoke-gguf|smoke-glm5|smoke-dflash]  (a service of build/targets.toml with smoke settings)" >&2
     exit 2
 fi
 port=${!port_env:-$port}
 url=http://127.0.0.1:$port
-compose() { SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port "$DOCKER" compose --profile "$service" "$@"; }
+compose() {
+    SMOKE_PORT=$port SMOKE_GGUF_PORT=$port SMOKE_GLM5_PORT=$port SMOKE_DFLASH_PORT=$port \
+        "$DOCKER" compose --profile "$service" "$@"
+}
 
 complete() {
     curl -sS --fail --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"model\": \"$model\", \"prompt\": \"$prompt\", \"max_tokens\": 12, \"temperature\": 0}" |
         python3 -c 'import json, sys; r = json.load(sys.stdin); print("completion:", repr(r["choices"][0]["text"]))'
+}
+
+after_completion() {  # after_completion STATUS-COMMAND...: smoke-dflash's acceptance
+    [[ $service == smoke-dflash ]] || return 0
+    sleep 3  # the watcher reads vLLM's /metrics every few seconds
+    echo "--- status after it (speculative decoding):"
+    "$@"
 }
 
 with_docker() {
@@ -59,6 +72,7 @@ with_docker() {
     "$DOCKER" exec "$id" python -m entrypoint status
     echo "--- example completion:"
     complete
+    after_completion "$DOCKER" exec "$id" python -m entrypoint status
     echo "--- the smoke stack is running in Docker (container $id)."
     echo "Stop it with:  docker compose --profile $service down"
 }
@@ -74,7 +88,10 @@ with_venv() {
     make --no-print-directory venv >/dev/null
     local dir=$REPO/.work/$service
     mkdir -p "$dir"
-    if [[ $service == smoke-glm5 ]]; then  # the runtime-cpu-glm5 image's model and settings
+    if [[ $service == smoke-dflash ]]; then  # the runtime-cpu-dflash image's pair, compose's settings
+        [[ -f $dir/model/reference.json ]] || .venv/bin/python -m fixtures.dflash_served "$dir/model" >/dev/null
+        eval "$(.venv/bin/python -m fixtures.dflash_served "$dir/model" --print-env)"
+    elif [[ $service == smoke-glm5 ]]; then  # the runtime-cpu-glm5 image's model and settings
         [[ -f $dir/model/reference.json ]] || .venv/bin/python -m fixtures.glm5_served "$dir/model" >/dev/null
         export SERVE_MODEL=$dir/model/tiny-glm5.gguf SERVE_HF_CONFIG_PATH=$dir/model \
             SERVE_TOKENIZER=$dir/model SERVE_QUANTIZATION=gguf SERVE_DTYPE=float32 \
@@ -100,6 +117,7 @@ with_venv() {
     .venv/bin/python -m entrypoint status
     echo "--- example completion:"
     complete
+    after_completion .venv/bin/python -m entrypoint status
     echo "--- the smoke stack runs WITHOUT Docker (from .venv), pid $pid, log $dir/serve.log."
     echo "Stop it with:  kill $pid"
 }

@@ -25,9 +25,7 @@ of the model alone.
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +38,7 @@ from tests.serving import (
     Served,
     greedy,
     run_entrypoint,
+    spec_counters,
     start_serve,
     status_json,
     wait_for,
@@ -101,27 +100,6 @@ def test_ready_after_preflight_on_the_sparse_backend(server: Served) -> None:
     log = server.log.read_text(errors="replace")
     assert "check-gguf: OK" in log, server.log_tail()
     assert "Using TRITON_MLA_SPARSE backend" in log
-
-
-def spec_counters(served: Served) -> dict:
-    """vLLM's spec-decode counters from /metrics (Prometheus text)."""
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-            f"http://127.0.0.1:{served.port}/metrics", timeout=30) as response:
-        text = response.read().decode()
-    found: dict = {"num_accepted_tokens_per_pos": {}}
-    for line in text.splitlines():
-        m = re.match(r'vllm:spec_decode_(\w+?)_total(\{[^}]*\})? ([0-9.e+]+)$', line)
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", int(float(m.group(3)))
-        if name == "num_accepted_tokens_per_pos":
-            pos = int(re.search(r'position="(\d+)"', labels).group(1))  # type: ignore[union-attr]
-            found[name][pos] = found[name].get(pos, 0) + value
-        else:
-            found[name] = found.get(name, 0) + value
-    per_pos = found["num_accepted_tokens_per_pos"]
-    found["num_accepted_tokens_per_pos"] = [per_pos[p] for p in sorted(per_pos)]
-    return found
 
 
 def test_greedy_ids_equal_transformers_with_mtp(server: Served, ref: dict) -> None:
