@@ -209,7 +209,7 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
 
 # ---------------------------------------------------------------- dflash-model
 FROM cpu-deps AS dflash-model
-# Seeded; the target is trained here (about 2 min on 2 cores). The reference is
+# Seeded; the target is trained here (about 80 s on 2 cores). The reference is
 # transformers' target and a torch version of z-lab's drafter on it.
 RUN --mount=type=bind,source=fixtures,target=/project/fixtures \
     PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.dflash_served /opt/dflash

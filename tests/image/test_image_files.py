@@ -285,8 +285,9 @@ def test_every_bind_mounted_path_is_in_the_build_context() -> None:
 
 
 def test_fixtures_stay_out_of_the_runtime_package() -> None:
-    """The tiny model, the Gemma assembler and the GLM-5 writer are fixtures: no runtime wheel or
-    image layer carries their code, only what the CPU images' stages made with them."""
+    """The tiny model, the Gemma assembler, the GLM-5 writer and the DFlash pair are fixtures:
+    no runtime wheel or image layer carries their code, only what the CPU images' stages made
+    with them."""
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -295,6 +296,6 @@ def test_fixtures_stay_out_of_the_runtime_package() -> None:
     assert not (REPO / "entrypoint" / "gguf_models.py").exists()
     stages = _stages()
     users = sorted(name for name, text in stages.items() if "fixtures" in text)
-    assert users == ["gguf-model", "glm5-model", "tiny-model"], users
+    assert users == ["dflash-model", "gguf-model", "glm5-model", "tiny-model"], users
     gemma = (REPO / "fixtures" / "gguf_models.py").read_text()
     assert not re.search(r"[0-9a-f]{64}", gemma), "the Gemma sha256 belongs in build/pins.toml"
