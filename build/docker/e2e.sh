@@ -29,6 +29,7 @@
 # 11. stop the engine if this script started it
 # E2E_ONLY=2node runs steps 1-5, the first GGUF start and 10 (no SIGSTOP, second
 # cold start or GLM-5): the two-node checks with what they compare with.
+# E2E_ONLY=dflash runs steps 1-3 and 9b.
 # Any failing step fails the run and prints the container logs.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -42,7 +43,8 @@ started=$(date +%s)
 compose_up=0
 service=smoke
 only=${E2E_ONLY:-}  # 2node: the two-node checks and the single-node runs they compare with
-[[ -z $only || $only == 2node ]] || { log "E2E_ONLY=$only: only 2node is known"; exit 2; }
+[[ -z $only || $only == 2node || $only == dflash ]] ||
+    { log "E2E_ONLY=$only: only 2node and dflash are known"; exit 2; }
 
 step() { log "== $* (t=$(($(date +%s) - started)) s)"; }
 compose() {
@@ -137,6 +139,30 @@ two_nodes() {  # two_nodes LEADER SINGLE_TEXT [kill-worker]: LEADER and LEADER-w
     log "down left nothing running"
 }
 
+dflash_checks() {  # 9b: smoke-dflash against its build-time reference
+    step "build runtime-cpu-dflash (tiny Qwen3.6 + DFlash drafter on runtime-cpu)"
+    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-dflash --quiet >/dev/null
+    up smoke-dflash
+    step "greedy ids with DFlash equal the target's alone; acceptance as the reference predicts"
+    reference=$(mktemp)
+    id=$(compose ps -q smoke-dflash)
+    "$DOCKER" exec "$id" cat /opt/dflash/reference.json >"$reference"
+    checked=$(python3 checks/image/check_reference.py "http://127.0.0.1:$port" "$model" \
+        "$reference" --drafter drafter) || { echo "$checked"; exit 1; }
+    echo "$checked"
+    rm -f "$reference"
+    acceptance=$(tail -1 <<<"$checked")
+    for _ in $(seq 30); do  # the watcher reads /metrics every few seconds
+        status=$("$DOCKER" exec "$id" python -m entrypoint status)
+        [[ $status == *"$acceptance"* ]] && break
+        sleep 1
+    done
+    echo "$status"
+    [[ $status == *"$acceptance"* ]] || { log "status does not show: $acceptance"; exit 1; }
+    [[ $status == *"model runner: V2"* ]] || { log "status names no V2 model runner"; exit 1; }
+    down
+}
+
 cleanup() {
     local code=$?
     if [[ $compose_up == 1 ]]; then
@@ -181,44 +207,46 @@ eval "$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime-cpu)
 labels_match .work/context/runtime-cpu.labels "$tag"
 installed_matches_lock "$tag"
 
-up smoke
-complete
-single_text=$text
-if [[ $only != 2node ]]; then
-    step "SIGSTOP the vLLM server: compose must report unhealthy"
-    compose kill -s SIGSTOP smoke
-    wait_health unhealthy 120
-    "$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe && { log "probe passed on a stopped server"; exit 1; }
-    compose kill -s SIGCONT smoke
-    wait_health healthy 120
-fi
-down
+if [[ $only != dflash ]]; then
+    up smoke
+    complete
+    single_text=$text
+    if [[ $only != 2node ]]; then
+        step "SIGSTOP the vLLM server: compose must report unhealthy"
+        compose kill -s SIGSTOP smoke
+        wait_health unhealthy 120
+        "$DOCKER" exec "$(compose ps -q smoke)" python -m entrypoint probe && { log "probe passed on a stopped server"; exit 1; }
+        compose kill -s SIGCONT smoke
+        wait_health healthy 120
+    fi
+    down
 
-two_nodes smoke-2node "$single_text" kill-worker
+    two_nodes smoke-2node "$single_text" kill-worker
 
-step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
-DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
-up smoke-gguf
-complete
-first=$text
-down
-if [[ $only != 2node ]]; then
-    # A second cold start (a new container) must give the same greedy text.
+    step "build runtime-cpu-gguf (Gemma 3 270M Q4_K_M on runtime-cpu)"
+    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-gguf --quiet >/dev/null
     up smoke-gguf
     complete
-    [[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
-    log "same completion after a second cold start"
+    first=$text
     down
+    if [[ $only != 2node ]]; then
+        # A second cold start (a new container) must give the same greedy text.
+        up smoke-gguf
+        complete
+        [[ $text == "$first" ]] || { log "second cold start gave $text, the first $first"; exit 1; }
+        log "same completion after a second cold start"
+        down
+    fi
+
+    # Opt-in (E2E_GGUF_2NODE=1): one of three runs here had the worker's vLLM exit 0
+    # right after loading, cause unknown (docs/internals.md, "Multi-node"); the tiny
+    # model's two-node run above is the one CI depends on.
+    if [[ ${E2E_GGUF_2NODE:-0} == 1 ]]; then
+        two_nodes smoke-gguf-2node "$first"
+    fi
 fi
 
-# Opt-in (E2E_GGUF_2NODE=1): one of three runs here had the worker's vLLM exit 0
-# right after loading, cause unknown (docs/internals.md, "Multi-node"); the tiny
-# model's two-node run above is the one CI depends on.
-if [[ ${E2E_GGUF_2NODE:-0} == 1 ]]; then
-    two_nodes smoke-gguf-2node "$first"
-fi
-
-if [[ $only != 2node ]]; then
+if [[ -z $only ]]; then
     step "build runtime-cpu-glm5 (tiny GLM-5 GGUF on runtime-cpu)"
     DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-glm5 --quiet >/dev/null
     up smoke-glm5
@@ -228,27 +256,8 @@ if [[ $only != 2node ]]; then
     python3 checks/image/check_reference.py "http://127.0.0.1:$port" "$model" "$reference"
     rm -f "$reference"
     down
-
-    step "build runtime-cpu-dflash (tiny Qwen3.6 + DFlash drafter on runtime-cpu)"
-    DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu-dflash --quiet >/dev/null
-    up smoke-dflash
-    step "greedy ids with DFlash equal the target's alone; acceptance as the reference predicts"
-    reference=$(mktemp)
-    id=$(compose ps -q smoke-dflash)
-    "$DOCKER" exec "$id" cat /opt/dflash/reference.json >"$reference"
-    checked=$(python3 checks/image/check_reference.py "http://127.0.0.1:$port" "$model" \
-        "$reference" --drafter drafter) || { echo "$checked"; exit 1; }
-    echo "$checked"
-    rm -f "$reference"
-    acceptance=$(tail -1 <<<"$checked")
-    for _ in $(seq 30); do  # the watcher reads /metrics every few seconds
-        status=$("$DOCKER" exec "$id" python -m entrypoint status)
-        [[ $status == *"$acceptance"* ]] && break
-        sleep 1
-    done
-    echo "$status"
-    [[ $status == *"$acceptance"* ]] || { log "status does not show: $acceptance"; exit 1; }
-    [[ $status == *"model runner: V2"* ]] || { log "status names no V2 model runner"; exit 1; }
-    down
+fi
+if [[ -z $only || $only == dflash ]]; then
+    dflash_checks
 fi
 step "e2e passed"
