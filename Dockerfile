@@ -211,8 +211,10 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
 FROM cpu-deps AS dflash-model
 # Seeded; the target is trained here (about 80 s on 2 cores). The reference is
 # transformers' target and a torch version of z-lab's drafter on it.
+# transformers writes the weights 0600 (a temp file moved in place): readable for uid 10001.
 RUN --mount=type=bind,source=fixtures,target=/project/fixtures \
-    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.dflash_served /opt/dflash
+    PYTHONPATH=/project HF_HUB_OFFLINE=1 python -m fixtures.dflash_served /opt/dflash \
+    && chmod -R a+rX /opt/dflash
 
 # ---------------------------------------------------------------- runtime-cpu-dflash
 FROM runtime-cpu AS runtime-cpu-dflash
