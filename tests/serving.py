@@ -193,6 +193,21 @@ def spec_counters(served: Served) -> dict:
     return read(f"http://127.0.0.1:{served.port}")
 
 
+def status_shows_acceptance(served: Served, drafts: int, proposed: int, accepted: int) -> str:
+    """Wait for the watcher to read these spec-decode counters, then check that
+    `status` prints them as acceptance and mean accepted length; returns its text."""
+    want = {"drafts": drafts, "draft_tokens": proposed, "accepted_tokens": accepted,
+            "acceptance_rate": round(accepted / proposed, 4),
+            "mean_accepted_length": round(1 + accepted / drafts, 3)}
+    wait_for(lambda: status_json(served).get("speculative") == want, 30,
+             "the watcher's next /metrics read")
+    summary = run_entrypoint("status", "--ready-file", str(served.ready)).stdout
+    assert (f"speculative decoding: acceptance {100 * accepted / proposed:.1f} % "
+            f"({accepted} of {proposed} draft tokens), mean accepted length "
+            f"{1 + accepted / drafts:.2f}") in summary, summary
+    return summary
+
+
 def status_json(served: Served) -> dict:
     """The watcher's status file of `served`, {} while there is none."""
     from entrypoint.statusfile import read_json

@@ -40,8 +40,7 @@ from tests.serving import (
     run_entrypoint,
     spec_counters,
     start_serve,
-    status_json,
-    wait_for,
+    status_shows_acceptance,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -129,16 +128,7 @@ def test_status_shows_the_acceptance_of_mtp(server: Served) -> None:
     drafts, proposed = totals["num_drafts"], totals["num_draft_tokens"]
     accepted = totals["num_accepted_tokens"]
     assert drafts > 0
-    want = {"drafts": drafts, "draft_tokens": proposed, "accepted_tokens": accepted,
-            "acceptance_rate": round(accepted / proposed, 4),
-            "mean_accepted_length": round(1 + accepted / drafts, 3)}
-    wait_for(lambda: status_json(server).get("speculative") == want, 30,
-             "the watcher's next /metrics read")
-    summary = run_entrypoint("status", "--ready-file", str(server.ready)).stdout
-    print("\n" + summary)
-    assert (f"speculative decoding: acceptance {100 * accepted / proposed:.1f} % "
-            f"({accepted} of {proposed} draft tokens), mean accepted length "
-            f"{1 + accepted / drafts:.2f}") in summary
+    print("\n" + status_shows_acceptance(server, drafts, proposed, accepted))
 
 
 def test_the_reference_tells_sparse_from_dense(ref: dict) -> None:
