@@ -14,7 +14,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
-        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
+        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels bench-kernels-sm120 summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
         image-cpu-dflash \
         lint-deploy e2e check-image reclaim-space bench-build clean
 
@@ -75,11 +75,19 @@ test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest $(KERNEL_TESTS)
 	$(VPY) -m pytest $(addprefix --ignore=,$(KERNEL_TESTS))
 
-# On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py).
+# On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py), and
+# the kernel's correctness tests run a second time as the SM120 stand-in (mma.sync, the
+# small-part configs; tests/kernels/sm120_standin.py), less the SM90-only ones.
 # PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-n 8" where pytest-xdist is installed.
-test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine; without a GPU the TRITON_INTERPRET=1 subset
+KERNEL_CORRECTNESS := tests/kernels/test_sparse_mla.py tests/backend/test_backend_kernel_call.py
+test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine (then again as the SM120 stand-in); without a GPU the TRITON_INTERPRET=1 subset
 	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) \
 		tests/kernels tests/backend/test_backend_kernel_call.py
+	@if $(KERNEL_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then \
+		echo "test-kernels: the same correctness tests as the SM120 stand-in"; \
+		SPARSE_MLA_STANDIN=sm120 TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) -m pytest -q \
+			-p no:cacheprovider -m 'not sm90' $(PYTEST_ARGS) $(KERNEL_CORRECTNESS); \
+	fi
 
 bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain python3 + pip, no torch)
 	$(PYTHON) bench/kernels/bench_peers.py
@@ -87,6 +95,10 @@ bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain pyth
 BENCH_ARGS ?=
 bench-kernels: ## kernel benchmark table against the floor and the peers (GPU machine)
 	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) bench/kernels/bench_sparse_mla.py run $(BENCH_ARGS)
+
+bench-kernels-sm120: ## the same table with the kernel as SM120 runs it (stand-in on an H100/H200), fp8 KV and the backend's call too
+	TRITON_DEFAULT_FP_FUSION=1 $(KERNEL_PY) bench/kernels/bench_sparse_mla.py run --sm120 --fp8 \
+		--backend --heads 8 16 32 $(BENCH_ARGS)
 
 summary: patch-check ## patch every upstream and print pins, series, digests and wheels
 	@$(PIPELINE) summary

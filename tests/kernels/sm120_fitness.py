@@ -137,12 +137,14 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
     (name, is_merge, constexprs, compile options, kv dtype)."""
     out: list[Variant] = []
     pdl_modes: set[bool] = set()
-    small = mod.DeviceInfo(num_sms=188, smem_bytes=SM120_SMEM_LIMIT, major=12)
+    # 188 SMs: an RTX PRO 6000; 132: the H100/H200 the stand-in (sm120_standin.py) runs on.
+    parts = [mod.DeviceInfo(num_sms=n, smem_bytes=SM120_SMEM_LIMIT, major=12) for n in (188, 132)]
     for kv_bytes, kv_dtype in ((2, "bf16"), (1, "fp8e4nv")):
         cfgs = {
             c
-            for t in (1, 16, 128)
-            for h in (1, 8, 16, 32, 64, 128)
+            for small in parts
+            for t in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024, 4096)
+            for h in (1, 8, 16, 20, 32, 48, 64, 128)
             for c in mod.candidate_configs(t, h, small, kv_bytes)
         }
         # per_sm only steers split-K; builds differ by the other fields.

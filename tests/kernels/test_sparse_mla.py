@@ -1,5 +1,9 @@
 """Correctness of the Triton sparse-MLA kernel against a float64 reference.
 
+`make test-kernels` on a GPU machine runs this file twice: as the GPU is, and as the
+SM120 stand-in (SPARSE_MLA_STANDIN=sm120, tests/kernels/sm120_standin.py) without the
+`sm90`-marked tests, which exercise the SM90-only Gluon kernel.
+
 The same tests run on a GPU and, at small shapes, on the CPU through
 TRITON_INTERPRET=1; shapes marked `gpu` are too slow for the interpreter.
 """
@@ -11,8 +15,10 @@ import math
 import pytest
 import torch
 from kernel_loader import load_kernel_module
+from triton.runtime.errors import OutOfResources
 
 mod = load_kernel_module()
+STANDIN = getattr(mod, "STANDIN", "")  # "sm120": the SM120 stand-in pass of make test-kernels
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 D = mod.D_QK
@@ -180,6 +186,28 @@ def test_config_choice_fits_and_fills(smem: int, sms: int, t: int, h: int) -> No
     assert t * nh * s >= min(info.num_sms // 2, t * nh * (2048 // cfg.block_n))
 
 
+@pytest.mark.parametrize(
+    "info",
+    [
+        mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12),  # RTX PRO 6000
+        mod.DeviceInfo(num_sms=132, smem_bytes=232448, major=9),  # H100/H200
+    ],
+    ids=["sm120", "sm90"],
+)
+@pytest.mark.parametrize("h,kv_bytes", [(8, 2), (16, 2), (32, 2), (128, 2), (8, 1), (32, 1)])
+def test_workspace_bound_serves_every_batch(info: object, h: int, kv_bytes: int) -> None:
+    # The backend reserves workspace_bound once; every batch size and every candidate
+    # config (the launch may fall back to any of them) must fit in it.
+    bound = mod._workspace_bound(h, 2048, info, kv_bytes)
+    need = 0
+    for t in [*range(1, 600), 1024, 4096, 8192]:
+        for cfg in mod.candidate_configs(t, h, info, kv_bytes):
+            nh = math.ceil(h / cfg.block_h)
+            s = mod.pick_num_splits(t, nh, 2048, cfg.block_n, info.num_sms, cfg.per_sm)
+            need = max(need, mod.workspace_numel(t, h, s))
+    assert 0 < need == bound
+
+
 @pytest.mark.gpu
 def test_fp8_kv() -> None:
     q, kv, idx = make_inputs(3, 16, 2048, num_blocks=64)
@@ -226,6 +254,10 @@ def test_forced_configs(cfg: object, num_splits: int) -> None:
     # Every loop variant, with head blocks that overhang H and a ragged last split.
     q, kv, idx = make_inputs(2, 20, 192, num_blocks=8)
     idx[1, 64:100] = -1
+    if STANDIN and cfg.smem_estimate() > mod.SMALL_SMEM_BYTES:  # refused as on SM120
+        with pytest.raises(OutOfResources):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+        return
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
@@ -277,6 +309,7 @@ CLUSTER_CFGS = list(dict.fromkeys(
 ))
 
 
+@pytest.mark.sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", CLUSTER_CFGS, ids=repr)
 @pytest.mark.parametrize("topk", [2048, 448])
@@ -330,6 +363,7 @@ def make_moving_max_inputs(
     return q.to(torch.bfloat16).to(DEVICE), kv.to(DEVICE), idx.to(torch.int32).to(DEVICE)
 
 
+@pytest.mark.sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["ws_h8", "ws_h16", "ws_h32"])
 @pytest.mark.parametrize("num_splits", [1, 2, 4])
@@ -347,6 +381,7 @@ def test_kv_major_lazy_max_follows_moving_scores(name: str, num_splits: int) -> 
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
+@pytest.mark.sm90
 @pytest.mark.gpu
 def test_cluster_merge_without_cluster_launch_uses_the_merge_kernel(monkeypatch) -> None:
     # A Triton whose compiled kernels lack the launch metadata: same results, merge kernel.
@@ -389,6 +424,7 @@ def exchange_rel(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
     return (a - b).abs() / (b.abs() + 1e-6 / EXCHANGE_BOUND * col_max), col_max
 
 
+@pytest.mark.sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["ws_h8", "ws_h16", "ws_h32"])
 def test_cluster_exchange_keeps_each_value_to_bf16(monkeypatch, name: str) -> None:
@@ -445,6 +481,7 @@ def test_launch_choice_fp16_many_heads(t: int, h: int, num_splits: int) -> None:
     run_checked(q, kv, idx, 0.05, tol=3e-3, num_splits=num_splits)
 
 
+@pytest.mark.sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", GLUON_CFGS, ids=repr)
 @pytest.mark.parametrize(
@@ -519,7 +556,9 @@ PDL_CELLS = [(1, 16), (16, 8), (64, 32), (128, 8)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("t,h", [*PDL_CELLS, (1, 64)])  # 64 x 1: a config without pdl
+@pytest.mark.parametrize(
+    "t,h", [*PDL_CELLS, pytest.param(1, 64, marks=pytest.mark.sm90)]  # 64 x 1: no pdl on SM90
+)
 def test_split_kernel_launches_as_a_programmatic_dependent(t: int, h: int) -> None:
     q, kv, idx = make_inputs(t, h, 2048, num_blocks=64)
     info = mod._device_info(q.device)
