@@ -17,6 +17,12 @@ sets that one replay touches >= 3x the L2, so no row is timed from a warm L2,
 and captures whole rounds of them until a replay makes >= 32 calls or gathers
 >= 4 GB, so the graph's own launch (~10 us a replay) is spread as thin as in a
 model's captured forward, where the layers share one launch.
+
+`run --sm120` (`make bench-kernels-sm120`) times the kernel as an SM120 part runs it
+(tests/kernels/sm120_standin.py: mma.sync, the small-part configs, SM120's residency)
+and, in the same process, the SM90 path it would take here (column "SM90") beside the
+peers and the floor; `--fp8` adds our kernel over an e4m3 KV cache against its own floor
+(1 byte a KV element).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents
 from bench_peers import PEER_FILES, PEERS  # noqa: E402
 
 from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
+from tests.kernels.sm120_standin import load_standin, sm120_blocks_per_sm  # noqa: E402
 
 TOPK = 2048
 HEADS = (8, 16, 32, 64, 128)
@@ -48,6 +55,7 @@ BATCHES = (1, 16, 32, 64, 128)  # decode
 PREFILL = (1024, 4096)  # prefill query tokens
 HAND_MAX_TOKENS = 128  # the hand approach is a decode kernel; prefill rows leave it out
 SLOTS = 1 << 21  # KV cache rows (2M = 2.4 GB bf16)
+E4M3_SCALE = 0.05  # --fp8: our e4m3 cache holds kv / E4M3_SCALE (randn * 20 fits e4m3)
 
 
 def l2_bytes(dev: object) -> int:
@@ -255,12 +263,19 @@ class Case:
     """One heads x batch cell with several index sets over one big KV cache."""
 
     def __init__(
-        self, h: int, b: int, kv: torch.Tensor, kv8: torch.Tensor | None, n_sets: int
+        self,
+        h: int,
+        b: int,
+        kv: torch.Tensor,
+        kv8: torch.Tensor | None,
+        n_sets: int,
+        kv_e4m3: torch.Tensor | None = None,
     ) -> None:
         self.h, self.b = h, b
         slots = kv.shape[0]
         self.kv = kv
-        self.kv8 = kv8
+        self.kv8 = kv8  # FlashMLA's fp8_ds_mla rows
+        self.kv_e4m3 = kv_e4m3  # ours: e4m3 rows, one scale for the cache
         self.q = torch.randn(b, h, 576, device="cuda", dtype=torch.bfloat16)
         self.idx = [
             torch.randint(0, slots, (b, TOPK), device="cuda", dtype=torch.int32)
@@ -270,39 +285,59 @@ class Case:
         self.out = torch.empty(b, h, 512, device="cuda", dtype=torch.bfloat16)
         self.lse = torch.empty(b, h, device="cuda", dtype=torch.float32)
 
-    def reference(self, fp8: bool = False) -> torch.Tensor:
-        """float64 output for the first few tokens of index set 0 (bf16 or fp8 cache)."""
+    def reference(self, fp8: bool = False, e4m3: bool = False) -> torch.Tensor:
+        """float64 output for the first few tokens of index set 0 (bf16, FlashMLA's fp8
+        or our e4m3 cache)."""
         mod = load_kernel_module()
         n = min(self.b, 4)  # a few tokens are enough to catch wrong indexing
         flat = self.idx[0][:n].reshape(-1).long()
-        rows = dequantize_fp8_ds_mla(self.kv8[flat]) if fp8 else self.kv[flat]
+        kv_scale = 1.0
+        if e4m3:
+            rows, kv_scale = self.kv_e4m3[flat], E4M3_SCALE
+        else:
+            rows = dequantize_fp8_ds_mla(self.kv8[flat]) if fp8 else self.kv[flat]
         idx = torch.arange(n * TOPK, dtype=torch.int32).view(n, TOPK)
         o, _ = mod.reference_sparse_mla(
-            self.q[:n].cpu(), rows.cpu().view(-1, 1, 576), idx, self.scale
+            self.q[:n].cpu(), rows.cpu().view(-1, 1, 576), idx, self.scale, kv_scale
         )
         return o
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One column of ours: a config (None: the launch-time choice), the heads it applies
+    to, the kernel module it runs from (native or the SM120 stand-in), the KV cache."""
+
+    cfg: object | None
+    applies: Callable[[int], bool]
+    mod: object
+    e4m3: bool = False
+
+
 def ours(
-    case: Case, cfg: object | None, mod: object | None = None
+    case: Case, cfg: object | None, mod: object | None = None, e4m3: bool = False
 ) -> tuple[list[Callable], tuple[str, str]]:
     """Calls for each index set, and (split path, build report) of the config used.
 
     cfg None is the launch-time choice, called as the backend calls it (no
     config, a workspace sized by max_workspace_numel). mod: a patched copy of the
-    kernel module (kernel_variants.py) instead of the kernel itself."""
+    kernel module (kernel_variants.py) or the SM120 stand-in instead of the kernel
+    itself. e4m3: over the e4m3 KV cache."""
     mod = mod or load_kernel_module()
     info = mod._device_info(case.q.device)
-    kv3 = case.kv.view(-1, 1, 576)  # page size 1 view; any block size works
+    kv = case.kv_e4m3 if e4m3 else case.kv
+    kv3 = kv.view(-1, 1, 576)  # page size 1 view; any block size works
+    kv_bytes = kv.element_size()
+    scale = {"kv_scale": E4M3_SCALE} if e4m3 else {}
     if cfg is None:
-        numel = mod.max_workspace_numel(case.b, case.h, TOPK, case.q.device)
-        kw: dict[str, object] = {}
-        c = mod.pick_config(case.b, case.h, info)
+        numel = mod.max_workspace_numel(case.b, case.h, TOPK, case.q.device, kv_bytes)
+        kw: dict[str, object] = dict(scale)
+        c = mod.pick_config(case.b, case.h, info, kv_bytes)
     else:
         nh = math.ceil(case.h / cfg.block_h)
         s = mod.pick_num_splits(case.b, nh, TOPK, cfg.block_n, info.num_sms, cfg.per_sm)
         numel = mod.workspace_numel(case.b, case.h, s)
-        kw = {"config": cfg}
+        kw = {"config": cfg, **scale}
         c = cfg
     ws = torch.empty(max(1, numel), device="cuda", dtype=torch.float32)
     fns = [
@@ -312,12 +347,38 @@ def ours(
         for i in case.idx
     ]
     build = mod._launch(
-        case.q, kv3, case.idx[0], case.out, case.lse, case.scale, 1.0, ws, c, None, info
-    )
+        case.q, kv3, case.idx[0], case.out, case.lse, case.scale, scale.get("kv_scale", 1.0),
+        ws, c, None, info,
+    )  # fmt: skip
     nh = math.ceil(case.h / c.block_h)
     s = mod.pick_num_splits(case.b, nh, TOPK, c.block_n, info.num_sms, c.per_sm)
     path = "direct" if s == 1 else "partial"
-    return fns, (path, f"{build_report(build)} splits {s} programs {case.b * nh * s}")
+    report = build_report(build, getattr(mod, "STANDIN", ""))
+    return fns, (path, f"{report} splits {s} programs {case.b * nh * s}")
+
+
+BACKEND_PAGE = 64  # the backend's KV block size here (vLLM's sparse backends use 64)
+
+
+def backend_path(case: Case, mod: object) -> list[Callable]:
+    """The backend's own call (TRITON_MLA_SPARSE forward_mqa -> sparse_mla_topk_attention,
+    tests/backend/backend_call.py): vLLM's remap of request positions to cache slots, then
+    the kernel with one workspace reserved up front (workspace_bound), as forward_mqa
+    calls it. Every token belongs to one request whose block table is the identity over
+    64-row pages, so the slots it computes are case.idx and the output is ours'."""
+    from tests.backend.backend_call import find_sparse_utils, load_backend_call
+
+    call = load_backend_call(mod, find_sparse_utils())
+    kv4 = case.kv.view(-1, BACKEND_PAGE, 576)
+    table = torch.arange(kv4.shape[0], dtype=torch.int32, device="cuda").view(1, -1)
+    req = torch.zeros(case.b, dtype=torch.int32, device="cuda")
+    ws = torch.empty(mod.workspace_bound(case.h, TOPK, case.q.device), device="cuda")
+    return [
+        lambda i=i: case.out.copy_(
+            call(case.q, kv4, i, req, table, BACKEND_PAGE, case.scale, workspace=ws)
+        )
+        for i in case.idx
+    ]
 
 
 def hand(case: Case, decode_fwd: Callable) -> list[Callable]:
@@ -454,88 +515,159 @@ def sweep_variants(mod: object) -> dict[str, tuple[object, Callable[[int], bool]
     }
 
 
-def _prewarm_worker(jobs: list[tuple[int, dict[str, object]]]) -> list[str]:
-    """Compile builds into Triton's on-disk cache (shared with the parent)."""
+def sweep_variants_sm120(mod: object) -> dict[str, tuple[object, Callable[[int], bool]]]:
+    """Small-part configs timed on the SM120 stand-in with --sm120 --sweep, each estimated
+    to fit SM120's 99 KiB: name -> (config, heads filter). s_h{heads}n{rows}w{warps}s{stages},
+    -p2 two programs per SM by split-K (those that fit two on SM120), -na the slots read in
+    the tile's own step (no double-buffered gathers), -np without programmatic launch."""
+    cfg = mod.SparseMLAConfig
+    any_h = lambda h: True  # noqa: E731
+    mid = lambda h: h >= 32  # noqa: E731
+    shapes = {
+        "s_h16n16w4s2-p2": (cfg(16, 16, 4, 2, per_sm=2, pdl=True), any_h),
+        "s_h16n16w4s3": (cfg(16, 16, 4, 3, per_sm=1, pdl=True), any_h),
+        "s_h16n16w4s4": (cfg(16, 16, 4, 4, per_sm=1, pdl=True), any_h),
+        "s_h16n16w4s5": (cfg(16, 16, 4, 5, per_sm=1, pdl=True), any_h),
+        "s_h16n32w4s2": (cfg(16, 32, 4, 2, per_sm=1, pdl=True), any_h),
+        "s_h16n32w4s3": (cfg(16, 32, 4, 3, per_sm=1, pdl=True), any_h),
+        "s_h16n32w8s3": (cfg(16, 32, 8, 3, per_sm=1, pdl=True), any_h),
+        "s_h16n32w4s3-na": (cfg(16, 32, 4, 3, per_sm=1, pdl=True, idx_ahead=False), any_h),
+        "s_h16n32w4s3-np": (cfg(16, 32, 4, 3, per_sm=1), any_h),
+        "s_h16n64w4s2": (cfg(16, 64, 4, 2, per_sm=1, pdl=True), any_h),
+        "s_h16n64w8s2": (cfg(16, 64, 8, 2, per_sm=1, pdl=True), any_h),
+        "s_h16n16w8s3": (cfg(16, 16, 8, 3, per_sm=1, pdl=True), any_h),
+        "s_h16n32w8s2": (cfg(16, 32, 8, 2, per_sm=1, pdl=True), any_h),
+        "s_h32n16w8s3": (cfg(32, 16, 8, 3, per_sm=1, pdl=True), mid),
+        "s_h32n16w4s3": (cfg(32, 16, 4, 3, per_sm=1, pdl=True), mid),
+        "s_h32n16w4s4": (cfg(32, 16, 4, 4, per_sm=1, pdl=True), mid),
+        "s_h32n16w8s4": (cfg(32, 16, 8, 4, per_sm=1, pdl=True), mid),
+        "s_h32n32w4s2": (cfg(32, 32, 4, 2, per_sm=1, pdl=True), mid),
+        "s_h32n32w8s2": (cfg(32, 32, 8, 2, per_sm=1, pdl=True), mid),
+        "s_h32n32w8s2-na": (cfg(32, 32, 8, 2, per_sm=1, pdl=True, idx_ahead=False), mid),
+        "s_h32n64w8s2": (cfg(32, 64, 8, 2, per_sm=1, pdl=True), mid),
+    }
+    return {
+        k: v for k, v in shapes.items() if v[0].smem_estimate() <= mod.SMALL_SMEM_BYTES
+    }
+
+
+def _prewarm_worker(jobs: list[tuple[str, int, int, dict[str, object]]]) -> list[str]:
+    """Compile builds into Triton's on-disk cache (shared with the parent): (module kind
+    'native' or 'sm120', heads, KV bytes, config fields)."""
     os.environ.pop("TRITON_INTERPRET", None)
-    mod = load_kernel_module()
-    kv = torch.randn(4096, 1, 576, device="cuda", dtype=torch.bfloat16)
     done = []
-    for h, fields in jobs:
+    caches = {
+        2: torch.randn(4096, 1, 576, device="cuda", dtype=torch.bfloat16),
+        1: torch.randn(4096, 1, 576, device="cuda").to(torch.float8_e4m3fn),
+    }
+    for kind, h, kv_bytes, fields in jobs:
+        mod = load_standin() if kind == "sm120" else load_kernel_module()
         c = mod.SparseMLAConfig(**fields)  # sent as fields: the module is loaded by path
         q = torch.randn(2, h, 576, device="cuda", dtype=torch.bfloat16)
         idx = torch.randint(0, 4096, (2, TOPK), device="cuda", dtype=torch.int32)
         for splits in (1, 3):  # direct store and the partial + merge path
             try:
-                mod.sparse_mla_fwd(q, kv, idx, 0.04, config=c, num_splits=splits)
+                mod.sparse_mla_fwd(q, caches[kv_bytes], idx, 0.04, config=c, num_splits=splits)
             except Exception as exc:  # noqa: BLE001 - reported; the main run retries it
-                done.append(f"h{h} {c}: {type(exc).__name__}: {str(exc)[:200]}")
+                done.append(f"{kind} h{h} {c}: {type(exc).__name__}: {str(exc)[:200]}")
     torch.cuda.synchronize()
     return done
 
 
-def prewarm(
-    mod: object,
-    variants: dict[str, tuple[object, Callable[[int], bool]]],
-    heads: list[int],
-    tokens: list[int],
-    procs: int,
-) -> None:
-    info = mod._device_info(torch.device("cuda", 0))
+def prewarm(variants: dict[str, Variant], heads: list[int], tokens: list[int], procs: int) -> None:
     jobs = set()
     for h in heads:
-        for t in tokens:
-            jobs.add((h, mod.pick_config(t, h, info)))
-        for cfg, applies in variants.values():
-            if cfg is not None and applies(h):
-                jobs.add((h, cfg))
-    ordered = [(h, dataclasses.asdict(c)) for h, c in sorted(jobs, key=repr)]
+        for v in variants.values():
+            if not v.applies(h):
+                continue
+            kind = "sm120" if getattr(v.mod, "STANDIN", "") else "native"
+            kv_bytes = 1 if v.e4m3 else 2
+            if v.cfg is not None:
+                jobs.add((kind, h, kv_bytes, v.cfg))
+                continue
+            info = v.mod._device_info(torch.device("cuda", 0))
+            for t in tokens:
+                jobs.add((kind, h, kv_bytes, v.mod.pick_config(t, h, info, kv_bytes)))
+    ordered = [(k, h, b, dataclasses.asdict(c)) for k, h, b, c in sorted(jobs, key=repr)]
     chunks = [ordered[i::procs] for i in range(procs)]
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(procs) as pool:
         for errs in pool.map(_prewarm_worker, [c for c in chunks if c]):
             for e in errs:
                 print(f"  prewarm: {e}", flush=True)
-    print(f"prewarmed {len(ordered)} (heads, config) pairs in {procs} processes", flush=True)
+    print(f"prewarmed {len(ordered)} (kind, heads, config) builds in {procs} processes", flush=True)
 
 
-def build_report(build: object) -> str:
-    """Registers, spills, shared memory and MMA kind of a compiled split kernel."""
+def mma_kind(build: object) -> str:
+    """The MMA instruction a compiled split kernel uses: wgmma, mma (mma.sync) or ?."""
+    ptx = getattr(build, "asm", {}).get("ptx", "")
+    return "wgmma" if "wgmma.mma_async" in ptx else ("mma" if "mma.sync" in ptx else "?")
+
+
+def build_report(build: object, standin: str = "") -> str:
+    """Registers, spills, shared memory and MMA kind of a compiled split kernel; with the
+    SM120 stand-in, the programs an SM120 SM holds."""
     try:
-        ptx = build.asm.get("ptx", "")
-        mma = "wgmma" if "wgmma.mma_async" in ptx else ("mma" if "mma.sync" in ptx else "?")
+        mma = mma_kind(build)
         threads = 32 * build.metadata.num_warps
         smem = build.metadata.shared
         # Programs per SM that fit (SM90: 64K registers, 228 KiB shared, 1 KiB reserved each).
         regs8 = -(-build.n_regs // 8) * 8
-        fit = min(65536 // (regs8 * threads), (228 * 1024) // (smem + 1024))
+        by_regs = 65536 // (regs8 * threads)
+        fit = min(by_regs, (228 * 1024) // (smem + 1024))
+        if standin == "sm120":
+            fit = min(by_regs, sm120_blocks_per_sm(smem, threads))
         return (
             f"regs {build.n_regs} spills {build.n_spills} smem {smem} "
-            f"threads {threads} per_sm {fit} {mma}"
+            f"threads {threads} per_sm {fit}{' (sm120)' if standin else ''} {mma}"
         )
     except Exception as exc:  # noqa: BLE001 - a report, not a check
         return f"no build info ({type(exc).__name__})"
 
 
+def make_variants(args: argparse.Namespace, native: object) -> dict[str, Variant]:
+    """The columns of ours: 'ours' (the launch-time choice; with --sm120, the stand-in's),
+    with --sm120 'sm90' (this GPU's own choice), with --fp8 'ours_fp8', and --sweep's."""
+    every = lambda h: True  # noqa: E731
+    mod = load_standin() if args.sm120 else native
+    out = {"ours": Variant(None, every, mod)}
+    if args.sm120:
+        out["sm90"] = Variant(None, every, native)
+    if args.fp8:
+        out["ours_fp8"] = Variant(None, every, mod, e4m3=True)
+    if args.backend:  # cfg None and this name: the backend's call path (backend_path)
+        out["backend"] = Variant(None, every, mod)
+    if args.sweep:
+        table = sweep_variants_sm120(mod) if args.sm120 else sweep_variants(mod)
+        if args.variants:  # name patterns: time only these beside the launch-time choice
+            table = {k: v for k, v in table.items() if any(fnmatch(k, p) for p in args.variants)}
+        out.update({k: Variant(c, f, mod) for k, (c, f) in table.items()})
+        if args.fp8 and args.sm120:  # the same shapes over the e4m3 cache (one that does
+            # not fit is refused at its launch, as on SM120, and reported)
+            out.update({f"{k}_fp8": Variant(c, f, mod, e4m3=True) for k, (c, f) in table.items()})
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    mod = load_kernel_module()
+    native = load_kernel_module()
     torch.manual_seed(0)
     dev = torch.cuda.get_device_properties(0)
-    info = mod._device_info(torch.device("cuda", 0))
+    info = native._device_info(torch.device("cuda", 0))
     l2 = l2_bytes(dev)
     print(
         f"device {dev.name} sm{dev.major}{dev.minor} SMs {info.num_sms} smem {info.smem_bytes} "
         f"L2 {l2 / 1e6:.0f} MB"
     )
     tokens = [*args.batches, *args.prefill]
-    sweep = sweep_variants(mod) if args.sweep else {}
-    if args.variants:  # name patterns: time only these beside the launch-time choice
-        sweep = {k: v for k, v in sweep.items() if any(fnmatch(k, p) for p in args.variants)}
-    variants: dict[str, tuple[object | None, Callable[[int], bool]]] = {
-        "ours": (None, lambda h: True),
-        **sweep,
-    }
+    variants = make_variants(args, native)
+    if args.sm120:
+        print(
+            "SM120 stand-in: 'ours' is the kernel as SM120 runs it (mma.sync, small-part "
+            "configs, SM120 residency); 'sm90' is this GPU's own path",
+            flush=True,
+        )
     if args.prewarm > 0:
-        prewarm(mod, sweep, args.heads, tokens, args.prewarm)
+        prewarm(variants, args.heads, tokens, args.prewarm)
     if args.wait_for is not None:  # e.g. the test run, sharing the GPU until then
         while not args.wait_for.exists():
             time.sleep(1)
@@ -556,6 +688,7 @@ def run(args: argparse.Namespace) -> int:
     slots = args.slots
     kv = torch.randn(slots, 576, device="cuda", dtype=torch.bfloat16)
     kv8 = quantize_fp8_ds_mla(kv) if fm else None
+    kv_e4m3 = (kv.float() / E4M3_SCALE).to(torch.float8_e4m3fn) if args.fp8 else None
 
     results: dict[tuple[int, int], dict[str, float]] = {}
     failures = 0
@@ -563,8 +696,9 @@ def run(args: argparse.Namespace) -> int:
         for b in tokens:
             n_sets = index_sets(b, l2)
             calls = calls_per_replay(b, n_sets)
-            case = Case(h, b, kv, kv8, n_sets)
+            case = Case(h, b, kv, kv8, n_sets, kv_e4m3)
             ref = case.reference()
+            ref_e4m3 = case.reference(e4m3=True) if args.fp8 else None
             row: dict[str, float] = {}
             # Everything checked first, then timed in rounds (time_rounds). Peers first:
             # with one round (the default) any drift along a row goes against ours; at
@@ -586,18 +720,26 @@ def run(args: argparse.Namespace) -> int:
                         timed["fm_fp8"] = fns
                 except Exception as exc:  # noqa: BLE001 - keep the table when a peer breaks
                     print(f"  flashmla h{h} b{b}: {type(exc).__name__}: {exc}", flush=True)
-            for name, (cfg, applies) in variants.items():
-                if not applies(h):
+            for name, v in variants.items():
+                if not v.applies(h):
                     continue
                 try:
-                    fns, build = ours(case, cfg)
+                    fns, build = ours(case, v.cfg, v.mod, v.e4m3)
+                    if name == "backend":
+                        fns = backend_path(case, v.mod)
                 except Exception as exc:  # noqa: BLE001 - a sweep config may not build
                     print(f"  {name} h{h} b{b}: {type(exc).__name__}: {str(exc)[:300]}")
-                    if cfg is None:
+                    if v.cfg is None:
                         failures += 1
                     continue
                 print(f"  build {name:18s} h{h:<3d} b{b:<4d} {build[0]:7s} {build[1]}", flush=True)
-                if check(name, fns, lambda r: r[0], case, ref, 1e-2) != "ok":
+                if getattr(v.mod, "STANDIN", "") and "wgmma" in build[1]:
+                    print(f"  {name} h{h} b{b}: the SM120 stand-in compiled wgmma", flush=True)
+                    failures += 1
+                    continue
+                want, tol = (ref_e4m3, 3e-2) if v.e4m3 else (ref, 1e-2)
+                if check(name, fns, lambda r: r[0] if isinstance(r, tuple) else r, case, want,
+                         tol) != "ok":  # fmt: skip
                     failures += 1
                     continue
                 timed[name] = fns
@@ -606,11 +748,17 @@ def run(args: argparse.Namespace) -> int:
             for name, err in errors.items():  # a peer's is reported; ours' counts as a failure
                 print(f"  {name} h{h} b{b} timing: {err}", flush=True)
                 failures += name in variants
-            nbytes = gathered_bytes(b) + b * h * (576 + 512) * 2  # + q and out
             flops = 2 * b * h * TOPK * (576 + 512)
-            row["floor"] = max(nbytes / bw, flops / mm)
+            qo_bytes = b * h * (576 + 512) * 2
+            row["floor"] = max((gathered_bytes(b) + qo_bytes) / bw, flops / mm)
+            if args.fp8:  # one byte a KV element
+                row["floor_fp8"] = max((gathered_bytes(b) // 2 + qo_bytes) / bw, flops / mm)
             results[(h, b)] = row
-            best = min((v, k) for k, v in row.items() if k in variants)
+            mine = [
+                (v, k) for k, v in row.items()
+                if k in variants and k not in ("sm90", "backend") and not k.endswith("fp8")
+            ]  # fmt: skip
+            best = min(mine) if mine else (0.0, "-")
             cells = " ".join(f"{k}={v * 1e6:.2f}" for k, v in row.items())
             print(f"  h{h} b{b} sets{n_sets} calls{calls}: {cells} best={best[1]}", flush=True)
             del case, timed
@@ -633,28 +781,54 @@ def print_table(
     )
     us = lambda r, k: f"{r[k] * 1e6:8.1f}" if k in r else f"{'-':>8s}"  # noqa: E731
     sp = lambda r, k: f"{r[k] / r['ours']:6.2f}x" if k in r and "ours" in r else f"{'-':>7s}"  # noqa: E731
+    # Three decimals: the targets are thresholds (<= 1.2x) that two would round away.
+    per = lambda r, k, f: f"{r[k] / r[f]:7.3f}x" if k in r else f"{'-':>8s}"  # noqa: E731
+    sm90 = any("sm90" in r for r in results.values())
+    fp8 = any("floor_fp8" in r for r in results.values())
+    backend = any("backend" in r for r in results.values())
+    bf16 = [k for k in variants if k not in ("sm90", "backend") and not k.endswith("fp8")]
+    fp8s = [k for k in variants if k.endswith("fp8")]
     print(f"\nsparse MLA, topk {TOPK}, bf16, CUDA-graph replay, us (HxT: heads x query tokens;")
     print(f"T > {HAND_MAX_TOKENS} are prefill rows); floor from copy {bw / 1e12:.2f} TB/s and "
           f"bf16 matmul {mm / 1e12:.0f} TFLOP/s; a replay is >= {REPLAY_CALLS} calls or "
           f">= {REPLAY_BYTES / 1e9:.0f} GB gathered; " + timing)  # fmt: skip
+    if sm90:
+        print("ours = the SM120 stand-in (mma.sync, small-part configs, SM120 residency); "
+              "SM90 = this GPU's own path, same process")  # fmt: skip
+    if fp8:
+        print("fp8 = ours over an e4m3 KV cache; floor8 counts one byte a KV element")
+    if backend:
+        print("backend = the backend's call path: index remap + ours, workspace reserved once")
     head = f"{'HxT':>9s} {'ours':>8s} {'floor':>8s} {'/floor':>8s}"
+    if sm90:
+        head += f" {'SM90':>8s} {'/floor':>8s} {'ours/SM90':>9s}"
+    if fp8:
+        head += f" {'fp8':>8s} {'floor8':>8s} {'/floor8':>8s}"
+    if backend:
+        head += f" {'backend':>8s} {'/ours':>7s}"
     head += f" {'hand':>8s} {'FM bf16':>8s} {'FM fp8':>8s}"
     head += f" {'vs hand':>7s} {'vs bf16':>7s} {'vs fp8':>7s} {'vs FM':>7s}"
-    if len(variants) > 1:
+    if len(bf16) > 1:
         head += "  best variant"
     print(head)
     for (h, b), r in results.items():
         fm = [r[k] for k in ("fm_bf16", "fm_fp8") if k in r]
         if fm:
             r = {**r, "fm_best": min(fm)}
-        # Three decimals: the targets are thresholds (<= 1.2x) that two would round away.
-        ratio = f"{r['ours'] / r['floor']:7.3f}x" if "ours" in r else f"{'-':>8s}"
-        line = f"{h:>4d}x{b:<4d} {us(r, 'ours')} {us(r, 'floor')} {ratio}"
+        line = f"{h:>4d}x{b:<4d} {us(r, 'ours')} {us(r, 'floor')} {per(r, 'ours', 'floor')}"
+        if sm90:
+            vs = f"{r['ours'] / r['sm90']:8.3f}x" if "sm90" in r and "ours" in r else f"{'-':>9s}"
+            line += f" {us(r, 'sm90')} {per(r, 'sm90', 'floor')} {vs}"
+        if fp8:
+            line += f" {us(r, 'ours_fp8')} {us(r, 'floor_fp8')} {per(r, 'ours_fp8', 'floor_fp8')}"
+        if backend:
+            bo = f"{r['backend'] / r['ours']:6.3f}x" if "backend" in r and "ours" in r else "-"
+            line += f" {us(r, 'backend')} {bo:>7s}"
         line += f" {us(r, 'hand')} {us(r, 'fm_bf16')} {us(r, 'fm_fp8')}"
         line += f" {sp(r, 'hand')} {sp(r, 'fm_bf16')} {sp(r, 'fm_fp8')} {sp(r, 'fm_best')}"
-        if len(variants) > 1:
-            timed = [(r[k], k) for k in variants if k in r]
-            if timed:
+        for names in (bf16, fp8s):
+            timed = [(r[k], k) for k in names if k in r]
+            if len(names) > 1 and timed:
                 best = min(timed)
                 line += f"  {best[1]} {best[0] * 1e6:.1f}"
         print(line, flush=True)
@@ -672,6 +846,13 @@ def main() -> int:
     ap.add_argument("--prewarm", type=int, default=0, help="compile builds in N processes first")
     ap.add_argument("--wait-for", type=Path, help="after compiling, wait for this file to exist")
     ap.add_argument("--no-peers", action="store_true", help="time ours alone (no peer columns)")
+    ap.add_argument(
+        "--sm120", action="store_true", help="ours as SM120 runs it, beside this GPU's own path"
+    )
+    ap.add_argument("--fp8", action="store_true", help="also ours over an e4m3 KV cache")
+    ap.add_argument(
+        "--backend", action="store_true", help="also the backend's call path (index remap too)"
+    )
     ap.add_argument(
         "--rounds", type=int, default=1, help="time each row's kernels N times in turned order"
     )
