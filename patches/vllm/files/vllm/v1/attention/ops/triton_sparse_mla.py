@@ -132,8 +132,11 @@ class SparseMLAConfig:
             red += _XCHG_BYTES if self.cluster_merge else 0
             red += _VOTE_BYTES if self.s_by_one and not self.head_major else 0
             return bufs + self.block_h * D_QK * 2 + p_tile + 16 * self.block_h + 64 + red
-        if kv_bytes == 1:  # fp8 tiles are widened to 16 bit through shared memory
-            kv_tile += self.block_n * D_QK * 2
+        if kv_bytes == 1:
+            # fp8: each stage holds a tile and its latent part again (K's own copy, see
+            # the kernel); calibrated on sm_120 builds (tests/kernels/sm120_fitness.py).
+            per_stage = self.block_n * (2 * D_LATENT + D_ROPE)
+            return self.num_stages * per_stage + (self.block_h - 16) * D_QK * 2 + 4096
         q_tile = self.block_h * D_QK * 2
         p_tile = self.block_h * self.block_n * 2
         return max(1, self.num_stages - 1) * kv_tile + q_tile + p_tile + 4096
@@ -190,11 +193,21 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
         s_by_one=True,
     ),
 }
-# SM120's SM has about 100 KiB, so each of these runs one program per SM.
+# 99 KiB parts (SM120: 100 KiB a SM). Chosen on the SM120 stand-in (an H100 with
+# DISABLE_MMA_V3=1, these configs and SM120's residency; tests/kernels/sm120_standin.py,
+# `make bench-kernels-sm120 BENCH_ARGS=--sweep`), among builds that fit sm_120a with no
+# spills (docs/sparse-mla-kernel-notes.md, "SM120 stand-in").
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
-    "h16_n16": SparseMLAConfig(16, 16, 4, 4, per_sm=1),
-    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=1),
+    # A lone token: 37 KiB, two programs per SM, so split-K makes 2 x SMs programs.
+    "h16_n16_p2": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
+    # Everything else up to 32 heads (32 as two head blocks, the second reading the rows
+    # from L2: ahead of 32-head blocks, whose 4-warp build spills and 8-warp one is slower).
+    "h16_n32": SparseMLAConfig(16, 32, 4, 3, per_sm=1, pdl=True),
+    # Over 32 heads from 16 tokens (untimed on the stand-in).
     "h32_n32": SparseMLAConfig(32, 32, 8, 2, per_sm=1, idx_ahead=False),
+    # fp8 KV (widened to 16 bit on the way to the MMA): no wider tile fits without spills.
+    "h16_n16_p2_fp8": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
+    "h32_n32_fp8": SparseMLAConfig(32, 32, 8, 2, per_sm=1, pdl=True),
     "h16_n16_fp8": SparseMLAConfig(16, 16, 4, 3, per_sm=1, idx_ahead=False),
 }
 # s_by_one: registers of the warpgroup that only accumulates half of o (128 of them);
@@ -313,8 +326,22 @@ def _sparse_mla_split_kernel(
         # Skipped slots are not read at all (prefill rows are mostly -1 early on).
         kv = tl.load(rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0)
         kpe = tl.load(rows[:, None] + DV + offs_r[None, :], mask=valid[:, None], other=0.0)
-        kv = kv.to(q_c.dtype)
-        qk = tl.dot(q_c, tl.trans(kv))
+        if kv_ptr.dtype.element_ty != q_ptr.dtype.element_ty:
+            # fp8: one widened tile feeding both dots (as K^T and as V) is read into
+            # registers synchronously; the pipeliner copies a tile asynchronously only
+            # where its one use is a dot operand. So K's latent part is a load of its
+            # own (the same rows again, from L1/L2: a .cg load, which CSE keeps apart).
+            kv_k = tl.load(
+                rows[:, None] + offs_c[None, :], mask=valid[:, None], other=0.0,
+                cache_modifier=".cg",
+            )  # fmt: skip
+            # (K as the A operand, the score tile transposed after, avoids the 8-bit
+            # transposed load but was 1.45x slower on the stand-in: notes, "fp8".)
+            qk = tl.dot(q_c, tl.trans(kv_k.to(q_c.dtype)))
+            kv = kv.to(q_c.dtype)
+        else:
+            kv = kv.to(q_c.dtype)
+            qk = tl.dot(q_c, tl.trans(kv))
         qk = tl.dot(q_pe, tl.trans(kpe.to(q_c.dtype)), qk)
         qk = tl.where(valid[None, :], qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -1798,7 +1825,7 @@ def candidate_configs(
     where the 64-head blocks run head-major), a lone token of 8-16 heads the Triton kernel with
     16-row tiles so split-K reaches 128 programs. Elsewhere the Triton kernel:
     32- and 64-head blocks from 16 tokens, else double-buffered 32-row tiles.
-    99 KiB parts (SM120) get the same Triton shapes cut to fit, untimed there.
+    99 KiB parts (SM120) get the small-part table, chosen on the SM120 stand-in.
     """
     alone = num_tokens * triton.cdiv(num_heads, 16) == 1
     if info.smem_bytes >= 2 * SMALL_SMEM_BYTES:
@@ -1830,14 +1857,15 @@ def candidate_configs(
             order = ["h16_n32", "h16_n64"]
     else:
         table = _CONFIGS_SMALL
-        if kv_bytes == 1:  # widening fp8 needs registers: wider tiles spill on SM120
-            order = ["h16_n16_fp8"]
+        if kv_bytes == 1:
+            wide = num_heads > 16 and num_tokens >= 16
+            order = ["h32_n32_fp8" if wide else "h16_n16_p2_fp8", "h16_n16_fp8"]
         elif alone:
-            order = ["h16_n16", "h16_n32"]
-        elif num_heads >= 32 and num_tokens >= 16:
+            order = ["h16_n16_p2", "h16_n32"]
+        elif num_heads > 32 and num_tokens >= 16:
             order = ["h32_n32", "h16_n32"]
         else:
-            order = ["h16_n32", "h16_n16"]
+            order = ["h16_n32", "h16_n16_p2"]
     cfgs = [table[n] for n in order if table[n].smem_estimate(kv_bytes) <= info.smem_bytes]
     return tuple(dict.fromkeys([*cfgs, _FALLBACK]))
 
@@ -1881,6 +1909,27 @@ def max_workspace_numel(
         splits = pick_num_splits(num_tokens, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
         sizes.append(workspace_numel(num_tokens, num_heads, splits))
     return max(sizes)
+
+
+@functools.lru_cache(maxsize=64)
+def _workspace_bound(num_heads: int, topk: int, info: DeviceInfo, kv_bytes: int) -> int:
+    # Past per_sm x SMs tokens every config runs one split, which needs no workspace.
+    most = max(c.per_sm for c in (*_CONFIGS_BIG.values(), *_CONFIGS_SMALL.values()))
+    sizes = [0]
+    for t in range(1, most * info.num_sms + 1):
+        for cfg in candidate_configs(t, num_heads, info, kv_bytes):
+            nh = triton.cdiv(num_heads, cfg.block_h)
+            splits = pick_num_splits(t, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
+            sizes.append(workspace_numel(t, num_heads, splits))
+    return max(sizes)
+
+
+def workspace_bound(
+    num_heads: int, topk: int, device: torch.device, kv_bytes: int = 2
+) -> int:
+    """fp32 elements of one workspace that serves every batch size here: the backend
+    reserves it once, before CUDA-graph capture, and hands it to every call."""
+    return _workspace_bound(num_heads, topk, _device_info(device), kv_bytes)
 
 
 def sparse_mla_fwd(
