@@ -136,14 +136,21 @@ def test_backend_call_cuda_graph_replay(
         _on(make_batch(query_lens, seq_lens, heads=8, topk=2048, seed=s), "cuda") for s in (11, 12)
     )
     static = first
+    # As forward_mqa calls it: one workspace of workspace_bound fp32, reserved up front.
+    numel = load_kernel_module().workspace_bound(8, 2048, static.q.device)
+    ws = torch.full((numel,), float("nan"), device="cuda")
+    call = lambda b: backend_call(  # noqa: E731
+        b.q, b.kv_cache, b.topk, b.req_id_per_token, b.block_table, b.block_size, SCALE,
+        workspace=ws,
+    )  # fmt: skip
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        _call(backend_call, static)  # compile and pick configs outside the capture
+        call(static)  # compile and pick configs outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = _call(backend_call, static)
+        out = call(static)
     for name in ("q", "topk", "req_id_per_token", "block_table", "kv_cache"):
         getattr(static, name).copy_(getattr(second, name))
     graph.replay()

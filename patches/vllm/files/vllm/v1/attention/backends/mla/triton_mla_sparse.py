@@ -40,8 +40,9 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 from vllm.v1.attention.ops.metadata import compute_token_to_req_indices
-from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd
+from vllm.v1.attention.ops.triton_sparse_mla import sparse_mla_fwd, workspace_bound
 from vllm.v1.kv_cache_interface import AttentionSpec
+from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.linear import ColumnParallelLinear
@@ -229,6 +230,17 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             raise NotImplementedError(f"{_NAME} does not support HiSparse offload")
         # q stays in the model dtype; the kernel widens fp8 KV itself.
         self.supports_quant_query_input = False
+        # The split-K workspace: one size serves every batch, reserved now in vLLM's
+        # shared workspace (before profiling and CUDA-graph capture) and fetched per call,
+        # so no call allocates.
+        self._workspace_spec: tuple[tuple[int, ...], torch.dtype] | None = None
+        device = self.topk_indices_buffer.device
+        if device.type == "cuda" and is_workspace_manager_initialized():
+            kv_bytes = 1 if is_quantized_kv_cache(kv_cache_dtype) else 2
+            topk = self.topk_indices_buffer.shape[-1]
+            numel = workspace_bound(num_heads, topk, device, kv_bytes)
+            self._workspace_spec = ((max(1, numel),), torch.float32)
+            current_workspace_manager().get_simultaneous(self._workspace_spec)
 
     def do_kv_cache_update(
         self,
@@ -282,6 +294,9 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
                 kv_c_and_k_pe_cache = kv_c_and_k_pe_cache.view(torch.float8_e4m3fn)
             # The host copy of the static scale keeps the launch graph-safe.
             kv_scale = float(layer._k_scale_float)
+        workspace = None
+        if self._workspace_spec is not None:
+            (workspace,) = current_workspace_manager().get_simultaneous(self._workspace_spec)
         out = sparse_mla_topk_attention(
             q,
             kv_c_and_k_pe_cache,
@@ -291,6 +306,7 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             attn_metadata.block_size,
             self.scale,
             kv_scale,
+            workspace,
         )
         return out, None
 
@@ -304,12 +320,14 @@ def sparse_mla_topk_attention(
     block_size: int,
     scale: float,
     kv_scale: float = 1.0,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sparse MLA over per-request top-k token positions of a paged cache.
 
     q: [T, H, 576]; kv_cache: [num_blocks, block_size, 576] (its block stride
     may exceed block_size rows when other layers' pages are interleaved);
-    topk_indices: [T, topk] int32 positions in the token's request, -1 = none.
+    topk_indices: [T, topk] int32 positions in the token's request, -1 = none;
+    workspace: fp32, at least the kernel's workspace_bound (None: allocated per call).
     Returns [T, H, 512] in q's dtype.
     """
     kv_rows, block_stride_rows = flat_kv_row_view(kv_cache, block_size)
@@ -323,7 +341,9 @@ def sparse_mla_topk_attention(
     )
     assert isinstance(slots, torch.Tensor)
     # Slots index flat rows, so the kernel sees one-row pages.
-    out, _ = sparse_mla_fwd(q, kv_rows.unsqueeze(1), slots, scale, kv_scale=kv_scale)
+    out, _ = sparse_mla_fwd(
+        q, kv_rows.unsqueeze(1), slots, scale, kv_scale=kv_scale, workspace=workspace
+    )
     return out
 
 
