@@ -10,9 +10,10 @@ row is spread over all of them. GPU machine only:
 
 --kernel-variants times the launch choice of patched copies of the kernel too
 (kernel_variants.py), as 'ours@NAME': e.g. --kernel-variants no_pdl_wait.
---kernel-files does the same for other copies of the kernel module, as 'file@STEM':
-e.g. an earlier revision's, written out with `git show REV:patches/vllm/files/vllm/v1/
-attention/ops/triton_sparse_mla.py > /tmp/before.py`.
+--kernel-files does the same for other copies of the kernel, as 'file@NAME': a folder
+holding its files, e.g. an earlier revision's, `mkdir /tmp/before && git archive REV
+patches/vllm/files/vllm/v1/attention/ops | tar -x -C /tmp/before --strip-components=6`,
+or the one file of a revision from before the split into families (2026-12-06).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def main() -> int:
     ap.add_argument("--kernel-variants", nargs="*", default=[], metavar="NAME")
     ap.add_argument("--kernel-files", nargs="*", default=[], type=Path, metavar="PATH")
     args = ap.parse_args()
-    if missing := [str(f) for f in args.kernel_files if not f.is_file()]:
+    if missing := [str(f) for f in args.kernel_files if not f.exists()]:
         ap.error(f"kernel file(s) {missing} do not exist")
     parts = {p for v in args.kernel_variants for p in v.split("+")}
     if bad := sorted(parts - set(kernel_variants.VARIANTS)):
@@ -93,7 +94,7 @@ def main() -> int:
         contenders = [(n, None if n == "ours" else sweep[n][0], None) for n in args.configs]
         contenders += [(f"ours@{v}", None, kernel_variants.load(v)) for v in args.kernel_variants]
         contenders += [
-            (f"file@{f.stem}", None, kernel_variants.load_file(f)) for f in args.kernel_files
+            (f"file@{f.name}", None, kernel_variants.load_file(f)) for f in args.kernel_files
         ]
         for name, cfg, variant in contenders:
             f, build = bench.ours(case, cfg, variant)

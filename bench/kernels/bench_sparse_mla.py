@@ -232,7 +232,7 @@ def time_rounds(
     """Seconds per call of each entry, one a round, and the entries whose timing raised
     (dropped from then on). A round times every entry once; the order turns one place
     a round, so no entry always follows the same one: in one pass the same build has
-    read up to ~3% apart by its place in a row (notes, Timing method). One round is
+    read up to ~3% apart by its place in a row (journal, Timing method). One round is
     the order given. The table and ab_sparse_mla.py both time this way."""
     names = list(fns)
     times: dict[str, list[float]] = {n: [] for n in names}

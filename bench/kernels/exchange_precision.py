@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU model of the cluster exchange's precision (notes, variants 77 and x16p).
+"""CPU model of the cluster exchange's precision (journal, variants 77 and x16p).
 
 The s_by_one cluster merge sends each split's half of oT, not yet divided by l, to the
 partner CTA. The fp16 variants encode it with a power-of-two scale a group of values

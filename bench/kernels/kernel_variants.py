@@ -44,10 +44,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-KERNEL = (
-    Path(__file__).resolve().parents[2]
-    / "patches/vllm/files/vllm/v1/attention/ops/triton_sparse_mla.py"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
+from kernel_loader import KERNEL_DIR, KERNEL_FILES, load_package  # noqa: E402
+
+# The kernel's files as one text: the variants' anchors are found in whichever file holds
+# them (a function anchor in the function, wherever it lives), and load() splits it again.
+_MARK = "# ---- kernel file: {} ----\n"
 
 # Stamp slots (int32 words; 32 a CTA at (2 * token + split) * 32 in the workspace).
 STAMP_WORDS = 32
@@ -393,9 +395,25 @@ WRONG_RESULTS = {
 }  # fmt: skip
 
 
+def bundle(directory: Path = KERNEL_DIR) -> str:
+    """The kernel's files as one text, each after its marker, the Gluon family last."""
+    return "".join(_MARK.format(f) + (directory / f).read_text() for f in KERNEL_FILES)
+
+
+def files(text: str) -> dict[str, str]:
+    """A bundle's files by name (each one parses on its own)."""
+    out: dict[str, str] = {}
+    for f in reversed(KERNEL_FILES):
+        text, sep, body = text.rpartition(_MARK.format(f))
+        if not sep:
+            raise KeyError(f"kernel file {f} is missing from the bundle")
+        out[f] = body
+    return dict(reversed(out.items()))
+
+
 def source(name: str) -> str:
-    """The kernel source with variant(s) name ('base', or names joined by '+')."""
-    src = KERNEL.read_text()
+    """The kernel source (a bundle) with variant(s) name ('base', or names joined by '+')."""
+    src = bundle()
     for part in name.split("+"):
         if part == "base":
             continue
@@ -409,28 +427,34 @@ _DIR = Path(tempfile.gettempdir()) / "sparse_mla_variants"
 
 
 def load_file(path: Path) -> ModuleType:
-    """Import another copy of the kernel module from a file (e.g. an earlier revision's,
-    `git show REV:patches/vllm/files/vllm/v1/attention/ops/triton_sparse_mla.py`)."""
+    """Import another copy of the kernel: a directory holding its files (e.g. an earlier
+    revision's, `git archive REV patches/vllm/files/vllm/v1/attention/ops`), or the one
+    file of a revision from before the split (`git show REV:...triton_sparse_mla.py`)."""
+    tag = "file_" + "".join(c if c.isalnum() else "_" for c in path.name)
+    if path.is_dir():
+        return load(tag, bundle(path))
     if not path.is_file():
         raise FileNotFoundError(f"kernel file {path} does not exist")
-    return load("file_" + "".join(c if c.isalnum() else "_" for c in path.stem), path.read_text())
-
-
-def load(name: str, text: str | None = None) -> ModuleType:
-    """Import the patched source (or `text`) as a module of its own (Gluon reads the
-    file back)."""
-    modname = "sparse_mla_" + name.replace("+", "_")
+    modname = "sparse_mla_" + tag
     if modname in sys.modules:
         return sys.modules[modname]
-    _DIR.mkdir(parents=True, exist_ok=True)
-    path = _DIR / f"{modname}.py"
-    path.write_text(source(name) if text is None else text)
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod  # dataclasses look the module up while building
     spec.loader.exec_module(mod)
     return mod
+
+
+def load(name: str, text: str | None = None) -> ModuleType:
+    """Import the patched source (or the bundle `text`) as a package of its own, its files
+    written out (Triton and Gluon read a kernel's source back from its file)."""
+    package = "sparse_mla_" + name.replace("+", "_")
+    directory = _DIR / package
+    directory.mkdir(parents=True, exist_ok=True)
+    for f, body in files(source(name) if text is None else text).items():
+        (directory / f).write_text(body)
+    return load_package(package, directory)
 
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -31,11 +30,11 @@ from types import ModuleType
 from triton.runtime.errors import OutOfResources
 
 try:  # on the tests' path (pytest) or as the package (bench)
-    from kernel_loader import KERNEL_PATH
+    from kernel_loader import PUBLIC, load_package
 except ImportError:
-    from tests.kernels.kernel_loader import KERNEL_PATH
+    from tests.kernels.kernel_loader import PUBLIC, load_package
 
-MODULE_NAME = "frontier_triton_sparse_mla_sm120"
+PACKAGE = "frontier_triton_sparse_mla_sm120"
 
 
 SM120_SMEM_PER_BLOCK = 101376  # opt-in maximum a block gets
@@ -146,16 +145,14 @@ def _install(mod: ModuleType) -> ModuleType:
 
 
 def load_standin() -> ModuleType:
-    """A second instance of the kernel module that runs as SM120 does (see the module doc)."""
-    if MODULE_NAME in sys.modules:
-        return sys.modules[MODULE_NAME]
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, KERNEL_PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = mod
+    """A second instance of the kernel modules that runs as SM120 does (see the module doc)."""
+    name = f"{PACKAGE}.{PUBLIC}"
+    if name in sys.modules:
+        return sys.modules[name]
+    mod = load_package(PACKAGE)
     try:
-        spec.loader.exec_module(mod)
         return _install(mod)
     except BaseException:
-        del sys.modules[MODULE_NAME]
+        for key in [k for k in sys.modules if k == PACKAGE or k.startswith(PACKAGE + ".")]:
+            del sys.modules[key]
         raise

@@ -433,7 +433,7 @@ def test_cluster_exchange_keeps_each_value_to_bf16(monkeypatch, name: str) -> No
     # apart (row sums up to ~2^10 apart), every output value must stay within 2 bf16 ulps
     # of the merge kernel's (fp32 partials) or within 1e-6 of its column's largest. The
     # fp32 exchange meets it; the fp16 one with a power-of-two scale a 16-register pack
-    # (notes, variant 77) failed at values ~1.4e-4 of their column's largest, and by the
+    # (journal, variant 77) failed at values ~1.4e-4 of their column's largest, and by the
     # CPU model (bench/kernels/exchange_precision.py) any format with under ~17 mantissa
     # bits fails it, whatever its scales: values that are small after the two splits'
     # halves cancel.
