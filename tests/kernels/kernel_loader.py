@@ -40,9 +40,14 @@ def load_package(package: str, directory: Path = KERNEL_DIR) -> ModuleType:
     try:
         return importlib.import_module(name)
     except BaseException:
-        for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
-            del sys.modules[key]
+        forget_package(package)
         raise
+
+
+def forget_package(package: str) -> None:
+    """Drop a package load_package made, and its modules, so the next load starts anew."""
+    for key in [k for k in sys.modules if k == package or k.startswith(package + ".")]:
+        del sys.modules[key]
 
 
 def load_kernel_module() -> ModuleType:

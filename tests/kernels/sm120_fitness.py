@@ -20,10 +20,11 @@ from types import ModuleType
 
 import triton
 from kernel_loader import load_kernel_module
+from sm120_standin import SM120_MAJOR, SM120_SMEM_PER_BLOCK
 from triton.backends.compiler import GPUTarget
 
 SM120 = GPUTarget("cuda", 120, 32)
-SM120_SMEM_LIMIT = 101376  # 99 KiB, the opt-in maximum a block gets on SM120
+SM120_SMEM_LIMIT = SM120_SMEM_PER_BLOCK  # 99 KiB, the opt-in maximum a block gets on SM120
 
 # Arguments compiled as pointers, and the ones Triton would specialise as
 # multiples of 16 for real tensors (aligned bases, 576-element rows).
@@ -138,7 +139,10 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
     out: list[Variant] = []
     pdl_modes: set[bool] = set()
     # 188 SMs: an RTX PRO 6000; 132: the H100/H200 the stand-in (sm120_standin.py) runs on.
-    parts = [mod.DeviceInfo(num_sms=n, smem_bytes=SM120_SMEM_LIMIT, major=12) for n in (188, 132)]
+    parts = [
+        mod.DeviceInfo(num_sms=n, smem_bytes=SM120_SMEM_LIMIT, major=SM120_MAJOR)
+        for n in (188, 132)
+    ]
     for kv_bytes, kv_dtype in ((2, "bf16"), (1, "fp8e4nv")):
         cfgs = {
             c

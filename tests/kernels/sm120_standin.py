@@ -30,9 +30,9 @@ from types import ModuleType
 from triton.runtime.errors import OutOfResources
 
 try:  # on the tests' path (pytest) or as the package (bench)
-    from kernel_loader import PUBLIC, load_package
+    from kernel_loader import PUBLIC, forget_package, load_package
 except ImportError:
-    from tests.kernels.kernel_loader import PUBLIC, load_package
+    from tests.kernels.kernel_loader import PUBLIC, forget_package, load_package
 
 PACKAGE = "frontier_triton_sparse_mla_sm120"
 
@@ -153,6 +153,5 @@ def load_standin() -> ModuleType:
     try:
         return _install(mod)
     except BaseException:
-        for key in [k for k in sys.modules if k == PACKAGE or k.startswith(PACKAGE + ".")]:
-            del sys.modules[key]
+        forget_package(PACKAGE)
         raise

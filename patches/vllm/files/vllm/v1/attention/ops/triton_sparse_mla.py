@@ -319,12 +319,9 @@ def workspace_numel(num_tokens: int, num_heads: int, num_splits: int) -> int:
     return num_tokens * num_heads * num_splits * (D_LATENT + 1)
 
 
-def max_workspace_numel(
-    num_tokens: int, num_heads: int, topk: int, device: torch.device, kv_bytes: int = 2
+def _max_workspace(
+    num_tokens: int, num_heads: int, topk: int, info: DeviceInfo, kv_bytes: int
 ) -> int:
-    """Workspace (fp32 elements) that covers any config sparse_mla_fwd may pick here;
-    allocate it once before CUDA-graph capture."""
-    info = _device_info(device)
     sizes = [0]
     for cfg in candidate_configs(num_tokens, num_heads, info, kv_bytes):
         nh = triton.cdiv(num_heads, cfg.block_h)
@@ -333,17 +330,22 @@ def max_workspace_numel(
     return max(sizes)
 
 
+def max_workspace_numel(
+    num_tokens: int, num_heads: int, topk: int, device: torch.device, kv_bytes: int = 2
+) -> int:
+    """Workspace (fp32 elements) that covers any config sparse_mla_fwd may pick here;
+    allocate it once before CUDA-graph capture."""
+    return _max_workspace(num_tokens, num_heads, topk, _device_info(device), kv_bytes)
+
+
 @functools.lru_cache(maxsize=64)
 def _workspace_bound(num_heads: int, topk: int, info: DeviceInfo, kv_bytes: int) -> int:
     # Past per_sm x SMs tokens every config runs one split, which needs no workspace.
     most = max(c.per_sm for c in (*_CONFIGS_BIG.values(), *_CONFIGS_SMALL.values()))
-    sizes = [0]
-    for t in range(1, most * info.num_sms + 1):
-        for cfg in candidate_configs(t, num_heads, info, kv_bytes):
-            nh = triton.cdiv(num_heads, cfg.block_h)
-            splits = pick_num_splits(t, nh, topk, cfg.block_n, info.num_sms, cfg.per_sm)
-            sizes.append(workspace_numel(t, num_heads, splits))
-    return max(sizes)
+    return max(
+        _max_workspace(t, num_heads, topk, info, kv_bytes)
+        for t in range(1, most * info.num_sms + 1)
+    )
 
 
 def workspace_bound(
