@@ -39,8 +39,9 @@ _PLAIN_DTYPES = {
 }  # fmt: skip
 PLAIN_TYPES = frozenset({"F32", "F16", "BF16"})
 _MAPS: dict[str, mmap.mmap] = {}
-# (first address, length, map, hinted) of every live map, for will_read()
-_SPANS: list[tuple[int, int, mmap.mmap, bool]] = []
+# (first address, length, map, hinted, path) of every live map, for will_read()
+# and for gguf_reads, which reads a view's bytes from the file instead
+_SPANS: list[tuple[int, int, mmap.mmap, bool, str]] = []
 _HINT_CHUNK = 4 << 20
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # A directory that gets one JSON file per rank (the readiness watcher shows them).
@@ -61,7 +62,7 @@ def _mapping(path: str) -> mmap.mmap:
             mapped.madvise(mmap.MADV_RANDOM)
         _MAPS[path] = mapped
         base = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
-        _SPANS.append((base, len(mapped), mapped, sharded))
+        _SPANS.append((base, len(mapped), mapped, sharded, path))
     return mapped
 
 
@@ -80,7 +81,7 @@ def will_read(weight: torch.Tensor) -> None:
     start = weight.data_ptr()
     extent = 1 + sum((n - 1) * abs(st) for n, st in zip(weight.shape, weight.stride(), strict=True))
     end = start + extent * weight.element_size()
-    for base, size, mapped, hinted in _SPANS:
+    for base, size, mapped, hinted, _ in _SPANS:
         if base <= start < base + size and hinted and not mapped.closed:
             first = (start - base) & ~(mmap.PAGESIZE - 1)
             last = min(end - base, size)
@@ -88,6 +89,18 @@ def will_read(weight: torch.Tensor) -> None:
             for offset in range(first, last, _HINT_CHUNK):
                 mapped.madvise(mmap.MADV_WILLNEED, offset, min(_HINT_CHUNK, last - offset))
             return
+
+
+def file_location(weight: torch.Tensor) -> tuple[str, int] | None:
+    """(file path, byte offset of the view's first element) where *weight* is a
+    view of a live GGUF map (maybe narrowed), else None. Maps start at offset 0."""
+    if weight.device.type != "cpu" or weight.numel() == 0:
+        return None
+    start = weight.data_ptr()
+    for base, size, mapped, _, path in _SPANS:
+        if base <= start < base + size and not mapped.closed:
+            return path, start - base
+    return None
 
 
 def _sharded() -> bool:
