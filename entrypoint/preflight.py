@@ -71,6 +71,25 @@ def check_gguf_request(env: Mapping[str, str], model: str) -> None:
         )
 
 
+# The plugin's GGUF read settings (patch 0008, gguf_reads.py, which imports torch and so
+# is not loaded here; tests/entrypoint/test_entrypoint_bad_input.py checks both agree).
+GGUF_READS, GGUF_READS_MODES = "FRONTIER_GGUF_READS", ("pread", "mmap")
+GGUF_READERS, GGUF_READERS_MAX = "FRONTIER_GGUF_READERS", 64
+
+
+def check_gguf_reads(env: Mapping[str, str]) -> None:
+    """The loader's read settings, refused here rather than in every worker mid-start."""
+    mode = env.get(GGUF_READS, "").strip().lower()
+    if mode and mode not in GGUF_READS_MODES:
+        raise ConfigError(f"{GGUF_READS}={env[GGUF_READS]!r}: expected one of "
+                          f"{', '.join(GGUF_READS_MODES)} (pread reads each slice from the "
+                          "file, mmap copies it through a memory map)")
+    readers = env.get(GGUF_READERS, "").strip()
+    if readers and not (readers.isdigit() and 1 <= int(readers) <= GGUF_READERS_MAX):
+        raise ConfigError(f"{GGUF_READERS}={env[GGUF_READERS]!r}: expected a whole number "
+                          f"from 1 to {GGUF_READERS_MAX} (reader threads per rank)")
+
+
 def wants_gguf_check(env: Mapping[str, str], model: str) -> bool:
     is_gguf = model.lower().endswith(".gguf")
     return settings.flag(env, settings.PREFLIGHT_GGUF, default=is_gguf) and is_gguf

@@ -23,6 +23,7 @@ from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
 from entrypoint.preflight import (
+    check_gguf_reads,
     check_gguf_request,
     check_port_free,
     check_writable,
@@ -213,6 +214,7 @@ def prepare(
     collect(gpus.require_enough_gpus, rendered.namespace)
     problems.extend(nodes.gpus_per_node_problems(rendered.namespace, env))
     collect(check_gguf_request, env, rendered.namespace.model or "")
+    collect(check_gguf_reads, env)
     if problems:
         raise ConfigError(problems)
     # Hub-named config/tokenizer: after the cheap checks, since it may download.

@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from entrypoint import gguf_config, probe
+from entrypoint import gguf_config, preflight, probe
 from entrypoint.errors import ConfigError
 from entrypoint.statusfile import process_start, read_json, write_ready
 from entrypoint.vllm_options import DICT_OR_STR, JSON, OptionTable, json_shapes, kind_of
@@ -335,3 +335,19 @@ def test_the_status_says_validating_while_the_checks_run(tmp_path: Path) -> None
     status = read_json(str(tmp_path / "status.json"))
     assert not ready.exists()
     assert status is not None and status["phase"] == "validating" and status["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize(("name", "value"), [("FRONTIER_GGUF_READS", "fast"),
+                                             ("FRONTIER_GGUF_READERS", "0"),
+                                             ("FRONTIER_GGUF_READERS", "65"),
+                                             ("FRONTIER_GGUF_READERS", "two")])
+def test_gguf_read_settings_are_checked_before_the_start(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        preflight.check_gguf_reads({name: value})
+    preflight.check_gguf_reads({"FRONTIER_GGUF_READS": "mmap", "FRONTIER_GGUF_READERS": "64"})
+
+
+def test_gguf_read_settings_match_the_plugins() -> None:
+    reads = pytest.importorskip("vllm_gguf_plugin.gguf_reads")
+    assert (preflight.GGUF_READS, preflight.GGUF_READS_MODES) == (reads.MODE_ENV, reads.MODES)
+    assert preflight.GGUF_READERS == reads.READERS_ENV
