@@ -302,7 +302,7 @@ ENV HOME=/home/serve \
     FLASHINFER_WORKSPACE_BASE=/home/serve/.cache/vllm
 USER 10001:10001
 EXPOSE 8000
-# start-period: GLM-5's 402 GB GGUF loads for up to ~40 min; probe reports the phase meanwhile.
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60m --retries=3 \
+# start-period, a backstop: the watcher ends a start that stops moving (SERVE_STALL_*).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=6h --retries=3 \
     CMD ["python", "-m", "entrypoint", "probe"]
 ENTRYPOINT ["frontier-serve", "serve"]

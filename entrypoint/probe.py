@@ -17,7 +17,8 @@ from entrypoint.statusfile import pid_alive, process_start, read_json, read_json
 FUTURE_SLACK = 2.0
 
 USAGE = (
-    "usage: frontier-serve probe [--ready-file PATH] [--env-file FILE]... [--max-age SECONDS]\n"
+    "usage: frontier-serve probe [--ready-file PATH] [--env-file FILE]... [--max-age SECONDS]"
+    " [--live]\n"
     "       frontier-serve status [--ready-file PATH] [--env-file FILE]... [--json]"
 )
 
@@ -55,6 +56,51 @@ def probe(
         # A restarted container: the file outlived its process, and pid 1 is a new one.
         return 1, f"stale: readiness file {ready_file} is from an earlier run of pid {pid}"
     return 0, f"{ready.get('phase', 'ready')}: pid {pid}, heartbeat {age:.1f}s ago"
+
+
+def live(ready_file: str, now: float | None = None) -> tuple[int, str]:
+    """(exit code, one line) for a liveness probe: 0 while ready, and while a start keeps
+    moving (the watcher's heartbeat fresh, its step's progress within its stall limit,
+    the whole start within SERVE_START_LIMIT); 1 once it has stalled, exited or lost
+    its watcher. A stalled start is also ended by the watcher itself."""
+    now = time.time() if now is None else now
+    code, line = probe(ready_file, now=now)
+    if code == 0:
+        return code, line
+    status = read_json(status_path_for(ready_file)) or {}
+    phase = status.get("phase", "unknown")
+    try:
+        heartbeat = float(status.get("heartbeat", "nan"))
+        stale = float(status.get("stale_after", 15.0))
+    except (TypeError, ValueError):
+        return 1, f"unreadable status beside {ready_file}"
+    age = now - heartbeat
+    if phase == "validating":
+        pid = status.get("pid")
+        if isinstance(pid, int) and pid_alive(pid):
+            return 0, f"validating: pid {pid}, for {max(0.0, age):.0f} s"
+        return 1, f"validating: pid {pid} is not running"
+    if phase != "starting":
+        return 1, line
+    if not -FUTURE_SLACK < age <= stale:  # False for nan
+        return 1, f"starting, but the watcher's heartbeat is {age:.1f}s old (limit {stale:g}s)"
+    moving = status.get("progress")
+    if not isinstance(moving, dict):
+        return 0, f"starting: {status.get('step')}"
+    try:
+        quiet = float(moving["quiet_s"]) + max(0.0, age)
+        limit, whole = float(moving["stall_limit_s"]), float(moving["start_s"]) + max(0.0, age)
+        start_limit = float(moving["start_limit_s"])
+    except (KeyError, TypeError, ValueError):
+        return 1, f"unreadable progress in the status beside {ready_file}"
+    step = moving.get("step") or "the start"
+    if limit > 0 and quiet > limit:
+        return 1, (f"stalled: {step} made no progress for {quiet:.0f} s "
+                   f"(limit {limit:g} s, {moving.get('limit_setting')})")
+    if whole > start_limit:
+        return 1, (f"start not ready after {whole:.0f} s (SERVE_START_LIMIT {start_limit:g} s), "
+                   f"still in {step}")
+    return 0, f"starting: {step}, last progress {quiet:.0f} s ago (limit {limit:g} s)"
 
 
 def _iso(value: object) -> object:
@@ -97,12 +143,15 @@ def main(argv: list[str]) -> int:
     hand (argparse costs too much). --env-file: the files `serve --env-file` was given,
     so a SERVE_READY_FILE set only there is found too; --ready-file wins over both."""
     command, rest = argv[0], argv[1:]
-    ready_file, env_files, max_age, as_json = None, [], None, False
+    ready_file, env_files, max_age, as_json, liveness = None, [], None, False, False
     try:
         while rest:
             opt, *rest = rest
             if opt == "--json" and command == "status":
                 as_json = True
+                continue
+            if opt == "--live" and command == "probe":
+                liveness = True
                 continue
             key, eq, value = opt.partition("=")
             if not eq:
@@ -133,7 +182,13 @@ def main(argv: list[str]) -> int:
         except ConfigError as exc:
             print(f"frontier-serve: error: {exc}", file=sys.stderr)
             return 2
-    if command == "probe":
+    if command == "probe" and liveness:
+        if max_age is not None:
+            print(f"{USAGE}\nerror: --live takes the ready file's own stale limit, "
+                  "not --max-age", file=sys.stderr)
+            return 2
+        code, text = live(ready_file)
+    elif command == "probe":
         code, text = probe(ready_file, max_age)
     else:
         code, text = status_text(ready_file) if as_json else status_summary(ready_file)

@@ -162,6 +162,8 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         log_capture_off=capture_off or None,
         cuda_graphs=gpus.vllm_is_cuda_build() and not rendered.namespace.enforce_eager,
         wedge_seconds=watch.wedge_seconds,
+        stall=watch.stall,
+        start_limit=watch.start_limit,
         # A worker's watcher watches the leader's API: only the leader sends the check.
         generation_check_interval=(
             0.0 if rendered.node.role == nodes.WORKER else watch.generation_check_interval

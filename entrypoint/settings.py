@@ -41,6 +41,10 @@ WEDGE_SECONDS = "SERVE_WEDGE_SECONDS"
 GENERATION_CHECK_INTERVAL = "SERVE_GENERATION_CHECK_INTERVAL"
 GENERATION_CHECK_TIMEOUT = "SERVE_GENERATION_CHECK_TIMEOUT"
 LEADER_TIMEOUT = "SERVE_LEADER_TIMEOUT"
+STALL_LOAD = "SERVE_STALL_LOAD"
+STALL_COMPILE = "SERVE_STALL_COMPILE"
+STALL_OTHER = "SERVE_STALL_OTHER"
+START_LIMIT = "SERVE_START_LIMIT"
 
 # What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
@@ -68,7 +72,22 @@ RESERVED: dict[str, str] = {
     "meanwhile, before the server counts as unhealthy (default 60)",
     LEADER_TIMEOUT: "a worker node (SERVE_NODE_RANK > 0): seconds to wait for the leader's "
     "SERVE_MASTER_ADDR:SERVE_MASTER_PORT to accept a connection before giving up (default 600)",
+    STALL_LOAD: "a start whose GGUF weight loading moves no byte for this many seconds is "
+    "ended (default 600; 0: off)",
+    STALL_COMPILE: "the same for the steps that report nothing until they end: compiling, "
+    "CUDA graph capture, warm-up, and loading weights that report no bytes (safetensors, a "
+    "download inside vLLM) (default 2700; 0: off)",
+    STALL_OTHER: "the same for every other start step (default 900; 0: off)",
+    START_LIMIT: "`probe --live` fails a start still not ready after this many seconds, "
+    "however it moves: a backstop (default 21600)",
 }
+
+# A start that stops moving is ended by the watcher (entrypoint/stall.py). Weight loading
+# reports bytes (the plugin's per-rank progress files), so its limit can be short. JIT
+# compilation and graph capture report nothing until they finish: a first GLM-5 start on
+# SM120 compiles every Triton kernel, so their limit is long.
+DEFAULT_STALL = {STALL_LOAD: 600.0, STALL_COMPILE: 2700.0, STALL_OTHER: 900.0}
+DEFAULT_START_LIMIT = 21600.0
 
 # The wedge watchdog's default. The longest stretch a healthy engine goes without moving
 # any /metrics counter while requests run is its first use of a new shape (Triton and
@@ -149,6 +168,8 @@ class WatchSettings:
         wedge_seconds: float = DEFAULT_WEDGE_SECONDS,
         generation_check_interval: float = 0.0,
         generation_check_timeout: float = 60.0,
+        stall: dict[str, float] | None = None,
+        start_limit: float = DEFAULT_START_LIMIT,
     ) -> None:
         self.ready_file = ready_file
         self.status_file = status_file
@@ -159,6 +180,8 @@ class WatchSettings:
         self.wedge_seconds = wedge_seconds
         self.generation_check_interval = generation_check_interval
         self.generation_check_timeout = generation_check_timeout
+        self.stall = dict(DEFAULT_STALL if stall is None else stall)
+        self.start_limit = start_limit
 
 
 def ready_file_from(env: Mapping[str, str] | None = None) -> str:
@@ -189,6 +212,9 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
         wedge_seconds=read(number, WEDGE_SECONDS, DEFAULT_WEDGE_SECONDS, 0.0, 86400.0),
         generation_check_interval=read(number, GENERATION_CHECK_INTERVAL, 0.0, 0.0, 86400.0),
         generation_check_timeout=read(number, GENERATION_CHECK_TIMEOUT, 60.0, 1.0, 3600.0),
+        stall={name: read(number, name, default, 0.0, 604800.0)
+               for name, default in DEFAULT_STALL.items()},
+        start_limit=read(number, START_LIMIT, DEFAULT_START_LIMIT, 60.0, 2592000.0),
     )
     if os.path.abspath(settings.ready_file) == os.path.abspath(settings.status_file):
         problems.append(
@@ -213,6 +239,12 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
             f"{GENERATION_CHECK_INTERVAL}={settings.generation_check_interval:g}: must be 0 "
             f"(off) or at least {HEALTH_INTERVAL} ({settings.interval:g} s)"
         )
+    for name, seconds in settings.stall.items():
+        if not problems and 0 < seconds < 10 * settings.interval:
+            problems.append(
+                f"{name}={seconds:g}: must be 0 (off) or at least 10 x {HEALTH_INTERVAL} "
+                f"({10 * settings.interval:g} s): progress is looked at once per check"
+            )
     if problems:
         raise SettingError(problems)
     return settings

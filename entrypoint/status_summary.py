@@ -27,9 +27,23 @@ def loading_line(loading: dict[str, Any]) -> str:
     done, total = loading.get("done_bytes", 0), loading.get("total_bytes", 0)
     line = (f"loading weights {done / GIB:.2f} of {total / GIB:.2f} GiB "
             f"({int(loading.get('percent', 0))}%, {loading.get('ranks', 1)} rank(s))")
+    if isinstance(loading.get("rate"), int | float) and loading["rate"] > 0:
+        line += f", {loading['rate'] / GIB:.2f} GiB/s"
     if isinstance(loading.get("eta_s"), int | float):
         line += f", about {_seconds(loading['eta_s'])} left"
     return line
+
+
+def progress_line(moving: dict[str, Any]) -> str | None:
+    """How long the start has been still, against the limit that would end it."""
+    quiet, limit = moving.get("quiet_s"), moving.get("stall_limit_s")
+    if not isinstance(quiet, int | float) or not isinstance(limit, int | float):
+        return None
+    if limit <= 0:
+        return (f"last progress {_seconds(quiet)} ago "
+                f"(no stall limit: {moving.get('limit_setting')}=0)")
+    return (f"last progress {_seconds(quiet)} ago; the start is ended after "
+            f"{_seconds(limit)} without ({moving.get('limit_setting')})")
 
 
 def step_line(status: dict[str, Any], now: float | None = None) -> str:
@@ -86,6 +100,10 @@ def summarize(status: dict[str, Any], now: float) -> str:
     eta = eta_line(status)
     if eta and status.get("phase") not in ("ready", "exited"):
         lines.append(f"  {eta}")
+    moving = status.get("progress")
+    progress = progress_line(moving) if isinstance(moving, dict) else None
+    if progress and status.get("phase") == "starting":
+        lines.append(f"  {progress}")
     steps = status.get("steps")
     if isinstance(steps, list) and steps:
         parts = [f"{s.get('step')} {_seconds(float(s.get('seconds', 0)))}" for s in steps]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import load_progress, metrics, node_links, startup_history
+from entrypoint import load_progress, metrics, node_links, settings, stall, startup_history
 from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone, model_runner
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
@@ -79,6 +79,11 @@ class WatchConfig:
     generation_check_interval: float = 0.0
     generation_check_timeout: float = 60.0
     history_file: str | None = None
+    # A start with no progress past its step's limit is ended (entrypoint/stall.py):
+    # SERVE_STALL_* name -> seconds (0: off); the grace vLLM gets to exit on its own.
+    stall: dict[str, float] = field(default_factory=lambda: dict(settings.DEFAULT_STALL))
+    stall_grace: float = 20.0
+    start_limit: float = settings.DEFAULT_START_LIMIT
     # Multi-node: role, node rank, node count, leader (entrypoint/nodes.py); None alone.
     node: dict[str, Any] | None = None
 
@@ -112,9 +117,12 @@ class Tracker:
     runner: str | None = None  # "V1" or "V2": vLLM's model runner, from its log
     loading_start: tuple[float, int] | None = None  # (time, bytes) of the first progress seen
     history: dict[str, Any] | None = field(init=False, default=None)  # the last good start
+    progress: stall.Progress = field(init=False)
+    stall_reason: str | None = None  # set once a stalled start is being ended
 
     def __post_init__(self) -> None:
         self.since = self.clock()
+        self.progress = stall.Progress(self.since)
         self.pid_start = process_start(self.config.pid)  # fixed for the pid's lifetime
         self.steps = Steps(self.config.steps)
         self.steps.enter(STARTING_VLLM, self.since)
@@ -189,6 +197,8 @@ class Tracker:
         code, words = describe_wait_status(wait_status)
         when = "after it was ready" if self.ever_ready else "before it became ready"
         reason = f"vLLM {words} {when}"
+        if self.stall_reason:
+            reason = f"{self.stall_reason}; {reason}"
         self.read_log()  # its last words are in the file by now
         error = self.log.error if self.log else None
         # A clean exit is not explained by an error: vLLM's SIGTERM shutdown can log an
@@ -203,6 +213,37 @@ class Tracker:
     def finish(self, code: int | None, reason: str) -> None:
         self.exit_code = code
         self._enter(EXITED, reason)
+        self.write()
+
+    def _progress(self, loading: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+        """How long the start has been still, against its step's limit; None once ready."""
+        if self.ever_ready or self.phase not in (STARTING, UNHEALTHY):
+            return None
+        current = self.steps.entries[-1] if self.steps.entries else {}
+        active = bool(loading and loading.get("done_bytes", 0) < loading.get("total_bytes", 0))
+        key = (len(self.steps.entries), current.get("detail"),
+               loading.get("done_bytes") if loading else None)
+        quiet = self.progress.quiet(key, now)
+        name, limit = stall.limit_for(current.get("step"), active, self.config.stall)
+        started = self.steps.entries[0]["at"] if self.steps.entries else self.since
+        return {"quiet_s": round(quiet, 1), "stall_limit_s": limit, "limit_setting": name,
+                "step": current.get("step"), "start_s": round(now - started, 1),
+                "start_limit_s": self.config.start_limit}
+
+    def stalled(self) -> str | None:
+        """Why this start is to be ended (no progress past its step's limit), or None."""
+        if self.stall_reason:
+            return None
+        moving = self._progress(self._loading(), self.clock())
+        if moving is None:
+            return None
+        return stall.reason(moving["step"], moving["quiet_s"], moving["limit_setting"],
+                            moving["stall_limit_s"])
+
+    def give_up(self, why: str) -> None:
+        """A stalled start: readiness withdrawn and the reason kept until vLLM has gone."""
+        self.stall_reason = why
+        self._enter(UNHEALTHY, why)
         self.write()
 
     def stopped(self, why: str) -> None:
@@ -221,8 +262,10 @@ class Tracker:
         if self.loading_start is None:
             self.loading_start = (now, done)
         began, first = self.loading_start
-        if done > first and now > began and done < total:
-            loading["eta_s"] = round((total - done) / ((done - first) / (now - began)), 1)
+        if done > first and now > began:
+            loading["rate"] = round((done - first) / (now - began))  # bytes/s, all ranks
+            if done < total:
+                loading["eta_s"] = round((total - done) / loading["rate"], 1)
         return loading
 
     def status(self) -> dict[str, Any]:
@@ -241,6 +284,7 @@ class Tracker:
             if eta:
                 log_part["eta"] = eta
         current = self.steps.entries[-1] if self.steps.entries else {}
+        moving = self._progress(loading, now)
         return {
             "phase": self.phase,
             "since": self.since,
@@ -261,6 +305,8 @@ class Tracker:
             "detail": current.get("detail"),
             "steps": self.steps.durations(now),
             **({"loading": loading} if loading else {}),
+            **({"progress": moving} if moving else {}),
+            "stale_after": self.config.stale_after,
             **({"model_runner": self.runner} if self.runner else {}),
             **({"speculative": self.speculative} if self.speculative else {}),
             **log_part,
@@ -486,6 +532,14 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
                 if done.is_set():
                     break
                 tracker.record(error, trouble)
+                why = tracker.stalled()
+                if why:
+                    tracker.give_up(why)
+            if why:  # outside the lock: the exit waiter records vLLM's end meanwhile
+                ended = stall.end_start(config.pid, dict(tree), config.stall_grace)
+                with lock:
+                    tracker.extra["stall_signals"] = ended
+                    tracker.write()
             done.wait(config.interval)
     except SystemExit:
         with lock:

@@ -126,6 +126,7 @@ def _pod_drift(
     live = serve.get("livenessProbe", {})
     found = {
         "startup-period": startup["periodSeconds"],
+        "startup-failures": startup["failureThreshold"],
         "readiness-period": ready["periodSeconds"],
         "readiness-failures": ready["failureThreshold"],
         "liveness-period": live.get("periodSeconds"),
@@ -136,12 +137,11 @@ def _pod_drift(
     if found != want or timeouts != {want["timeout"]}:
         problems.append(f"{name}: probes {found} != targets.toml {want}")
     probe = ["python", "-m", "entrypoint", "probe"]
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        if serve.get(kind, {}).get("exec", {}).get("command") != probe:
-            problems.append(f"{name}: {kind} is not the watcher's probe")
-    budget = startup["periodSeconds"] * startup["failureThreshold"]
-    if budget != svc.start_budget:
-        problems.append(f"{name}: startupProbe allows {budget} s, start-budget {svc.start_budget}")
+    # Startup and liveness follow the start's progress; readiness is ready only.
+    for kind, command in (("startupProbe", [*probe, "--live"]), ("readinessProbe", probe),
+                          ("livenessProbe", [*probe, "--live"])):
+        if serve.get(kind, {}).get("exec", {}).get("command") != command:
+            problems.append(f"{name}: {kind} is not the watcher's {' '.join(command[3:])}")
     gpus = serve["resources"]["limits"].get("nvidia.com/gpu", 0)
     if gpus != svc.gpus:
         problems.append(f"{name}: {gpus} GPUs, targets.toml says {svc.gpus}")
@@ -185,7 +185,7 @@ def test_dockerfile_healthchecks_match(manifest: targets.Manifest) -> None:
 def test_compose_matches(manifest: targets.Manifest) -> None:
     assert compose_drift(yaml.safe_load(COMPOSE), manifest) == []
     for old, new, what in [
-        ("start_period: 60m", "start_period: 45m", "glm5: start_period 45m"),
+        ("start_period: 6h", "start_period: 45m", "glm5: start_period 45m"),
         ("count: 2", "count: 4", "qwen36-dflash: reserves 4 GPUs"),
         ("${SMOKE_GGUF_PORT:-8002}", "${SMOKE_GGUF_PORT:-8003}", "smoke-gguf: neither"),
         ("interval: 3s", "interval: 4s", "smoke: healthcheck"),
@@ -198,15 +198,22 @@ def test_compose_matches(manifest: targets.Manifest) -> None:
 def test_kubernetes_matches(manifest: targets.Manifest) -> None:
     assert kubernetes_drift(KUBERNETES, manifest) == []
     drifted = dict(KUBERNETES)
-    drifted["glm5"] = drifted["glm5"].replace("failureThreshold: 360", "failureThreshold: 300")
-    assert kubernetes_drift(drifted, manifest) == [
-        "glm5: startupProbe allows 3000 s, start-budget 3600"
-    ]
+    drifted["glm5"] = drifted["glm5"].replace("failureThreshold: 6", "failureThreshold: 360")
+    assert [p[:13] for p in kubernetes_drift(drifted, manifest)] == ["glm5: probes "]
+    live = "exec: {command: [python, -m, entrypoint, probe, --live]}"
+    ready = "exec: {command: [python, -m, entrypoint, probe]}"
     drifted["glm5"] = KUBERNETES["glm5"].replace(
-        "          livenessProbe:\n            exec: {command: [python, -m, entrypoint, probe]}",
+        f"          livenessProbe:\n            {live}",
         "          livenessProbe:\n            httpGet: {path: /health, port: http}",
     )
-    assert kubernetes_drift(drifted, manifest) == ["glm5: livenessProbe is not the watcher's probe"]
+    assert kubernetes_drift(drifted, manifest) == [
+        "glm5: livenessProbe is not the watcher's probe --live"]
+    drifted["glm5"] = KUBERNETES["glm5"].replace(
+        f"          readinessProbe:\n            {ready}",
+        f"          readinessProbe:\n            {live}",
+    )
+    assert kubernetes_drift(drifted, manifest) == [
+        "glm5: readinessProbe is not the watcher's probe"]
     # Each template of the LeaderWorkerSet is checked on its own.
     lws = KUBERNETES["glm5-lws"]
     worker_at = lws.index("workerTemplate:")

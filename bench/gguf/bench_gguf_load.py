@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/gguf/bench_gguf_load.py [--gib 3] [--parts 3] [--tp 2,4,8]
         [--ranks all|ends] [--no-gemma] [--dir /tmp]
+    python3 bench/gguf/bench_gguf_load.py --device cuda [--gib 8]   (the GPU machine)
 
 Writes a synthetic GLM-5-shaped GGUF set (bench/gguf/synthetic_glm5.py: real
 tensor shapes, 8 experts per layer, as many layers as fit), evicts it from the
@@ -23,6 +24,11 @@ file's pages resident after the rank's load (mincore), with the cache evicted
 before it: what the rank made the kernel read, readahead included.
 process_weights_after_loading is left out (on CPU it would dequantize the
 whole model into floats, which is not loading).
+
+`--device cuda` runs where vLLM is absent (the lent GPU machine: torch and gguf
+only): the loader pass is bench/gguf/rank_slices.py, the plugin's gguf_tensors and
+gguf_reads cutting each tensor as its loaders do, into GPU memory. Floors in the
+same run: the cold sequential read and a pinned host-to-device copy.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "gguf"))
 
+import rank_slices  # noqa: E402
 import synthetic_glm5 as synthetic  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -121,12 +128,15 @@ def vllm_config_json(cfg: dict) -> dict:
 
 def classify(model, slot, ep: bool, tp: int, spec_base: int) -> str:  # type: ignore[no-untyped-def]
     """How vLLM's module for this tensor shards it across TP ranks."""
-    from vllm.model_executor.layers.linear import RowParallelLinear
+    from vllm.model_executor.layers.linear import ReplicatedLinear, RowParallelLinear
     from vllm_gguf_plugin.weights_adapter.mla_layout import module_names
 
     hf = slot.hf_name
     if slot.kv_part:
-        return "replicated"  # fused after dequantization: each rank reads k_b/v_b whole
+        # Fused after dequantization: each rank reads k_b/v_b whole; the MTP block's
+        # are the draft's, which the main model does not build.
+        layer = hf.split(".layers.", 1)[1].split(".", 1)[0] if ".layers." in hf else ""
+        return "unused" if layer.isdigit() and int(layer) >= spec_base else "replicated"
     if ".mlp.experts." in hf:
         candidates = [hf.split(".mlp.experts.")[0] + ".mlp.experts"]
     else:
@@ -150,7 +160,8 @@ def classify(model, slot, ep: bool, tp: int, spec_base: int) -> str:  # type: ig
         if ep:
             return "experts"
         return "columns" if "down_proj" in hf else "rows"
-    if len(slot.shape) == 1 or tp == 1 or getattr(module, "tp_size", tp) == 1:
+    if (len(slot.shape) == 1 or tp == 1 or getattr(module, "tp_size", tp) == 1
+            or isinstance(module, ReplicatedLinear)):  # the router gate (GateLinear) too
         return "replicated"
     return "columns" if isinstance(module, RowParallelLinear) else "rows"
 
@@ -159,6 +170,7 @@ def child(spec: dict) -> dict:
     from entrypoint import load_progress
 
     os.environ[load_progress.ENV] = spec["progress"]
+    os.environ["FRONTIER_GGUF_READS"] = spec.get("reads", "pread")
     sys.path.insert(0, str(ROOT / "checks" / "gguf"))
     import torch
     import vllm_gguf_plugin
@@ -170,6 +182,7 @@ def child(spec: dict) -> dict:
     )
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model_loader
+    from vllm_gguf_plugin import gguf_reads
     from vllm_gguf_plugin import loader as gguf_loader
     from vllm_gguf_plugin.gguf_headers import read_set
     from vllm_gguf_plugin.weights_adapter.mla_layout import build_layout, spec_layer_base
@@ -196,7 +209,7 @@ def child(spec: dict) -> dict:
     parts = [Path(p) for p in spec["parts"]]
     if spec.get("warm"):
         synthetic.sequential_read(parts)  # every byte in the page cache: CPU work alone
-    else:
+    elif not spec.get("shared"):  # shared: the host's earlier ranks left their pages
         synthetic.evict(parts)
     base_anon, _ = RssSampler.now()
     with RssSampler() as rss, set_current_vllm_config(vllm_config):
@@ -213,11 +226,16 @@ def child(spec: dict) -> dict:
     by_class = {c: {"bytes": 0, "share": 0, "read": 0} for c in CLASSES}
     largest_slice = 0
     excess: list[tuple[int, str, str]] = []
+    disagree: list[str] = []  # rank_slices.kind (the GPU pass's rule) against vLLM's class
+    num_layers = text_config.num_hidden_layers
     for header in headers:
         infos = [t for t in header.tensors if t.name in layout]
         reads = resident(Path(header.path), [(t.offset, t.nbytes) for t in infos])
         for info, read in zip(infos, reads, strict=True):
             kind = classify(model, layout[info.name], ep, tp, spec_base)
+            if tp > 1 and not ep and kind != rank_slices.kind(info.name, num_layers):
+                disagree.append(f"{info.name}: vLLM {kind}, "
+                                f"rule {rank_slices.kind(info.name, num_layers)}")
             share = {"replicated": info.nbytes, "unused": 0}.get(kind, info.nbytes // tp)
             row = by_class[kind]
             row["bytes"] += info.nbytes
@@ -232,7 +250,8 @@ def child(spec: dict) -> dict:
             "classes": by_class, "largest_slice": largest_slice,
             "most_over": sorted((e for e in excess if e[2] != "columns"), reverse=True)[:8],
             "extra_peak_anon": rss.peak_anon - after_anon, "peak_file": rss.peak_file,
-            "anon_growth": after_anon - base_anon, "param_bytes": params}
+            "anon_growth": after_anon - base_anon, "param_bytes": params,
+            "copied": gguf_reads.STATS.as_dict(), "disagree": disagree}
 
 
 def peer_child(spec: dict) -> dict:
@@ -316,19 +335,96 @@ def rank_table(results: list[dict]) -> None:
     print("\nBytes read per rank (page cache evicted before each rank; tp-standin)")
     print(f"{'TP':>3} {'EP':>3} {'rank':>4} | {'rows+experts read/share':>24} | "
           f"{'columns read/share':>19} | {'replicated':>10} | {'total read':>10} | "
-          f"{'share+repl':>10} | ratio | extra peak anon / largest slice")
+          f"{'share+repl':>10} | ratio | copied | c/due | extra peak anon / largest slice")
     for r in results:
         c = r["classes"]
         sharded_share = c["rows"]["share"] + c["experts"]["share"]
         sharded_read = c["rows"]["read"] + c["experts"]["read"]
         total = sum(v["read"] for v in c.values())
+        copied = r["copied"]["pread"] + r["copied"]["gathered"] + r["copied"]["mapped"]
         due = sharded_share + c["columns"]["share"] + c["replicated"]["share"]
         print(f"{r['tp']:>3} {'on' if r['ep'] else 'off':>3} {r['rank']:>4} | "
               f"{gib(sharded_read)} / {gib(sharded_share)} | "
               f"{gib(c['columns']['read'])}/{gib(c['columns']['share'])} | "
               f"{gib(c['replicated']['read'])} | {gib(total)} | {gib(due)} | "
-              f"{total / max(due, 1):5.2f} | {gib(max(r['extra_peak_anon'], 0))} / "
+              f"{total / max(due, 1):5.2f} | {gib(copied)} | {copied / max(due, 1):5.2f} | "
+              f"{gib(max(r['extra_peak_anon'], 0))} / "
               f"{gib(r['largest_slice'])}")
+
+
+def h2d_rate(nbytes: int = 1 << 30, rounds: int = 3) -> float:
+    """Bytes/s of one pinned host-to-device copy of *nbytes* (best of *rounds*)."""
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
+def gpu_main(parts: list[Path], size: int, tp: int) -> None:
+    """The loader pass into GPU memory (no vLLM), with its floors, in one table."""
+    import resource
+
+    import rank_slices
+    import torch
+
+    reads = rank_slices.plugin()[2]
+    names = [str(p) for p in parts]
+    synthetic.evict(parts)
+    cold_read = synthetic.sequential_read(parts)
+    warm_read = synthetic.sequential_read(parts)
+    h2d = h2d_rate()
+    cold_floor = max(cold_read, size / h2d)
+    warm_floor = max(warm_read, size / h2d)
+    print(f"\nGPU: {torch.cuda.get_device_name()}; floors in this run: cold sequential read "
+          f"{mib_s(size, cold_read)}, warm {mib_s(size, warm_read)}, pinned H2D "
+          f"{h2d / 2**20:6.0f} MiB/s")
+    print(f"{'path (TP 1: the whole set into GPU memory)':<46} {'time':>8} {'rate':>12} "
+          f"{'floor':>8} {'vs floor':>8}")
+    rows = []
+    for mode in reads.MODES:
+        os.environ[reads.MODE_ENV] = mode
+        for temp in ("cold", "warm"):
+            if temp == "cold":
+                synthetic.evict(parts)
+            else:
+                synthetic.sequential_read(parts)
+            r = rank_slices.load_rank(names, "cuda", 1, 0)
+            floor = cold_floor if temp == "cold" else warm_floor
+            rows.append((mode, temp, r))
+            print(f"{f'{mode}, page cache {temp}':<46} {r['seconds']:7.2f}s "
+                  f"{mib_s(r['copied'], r['seconds']):>12} {floor:7.2f}s "
+                  f"{floor / r['seconds']:8.2f}")
+    os.environ[reads.MODE_ENV] = "pread"
+    print(f"  floor: cold = max(cold read, H2D of the set), warm = max(warm read, H2D); "
+          f"header parse {rows[0][2]['parse_s']:.3f} s cold; target >= 0.90x cold")
+
+    print(f"\nTP {tp}: every rank in turn into the GPU, page cache evicted once before rank 0"
+          " (the ranks of one host share it)")
+    print(f"{'rank':>4} {'time':>8} {'copied':>10} {'share+repl':>10} {'ratio':>6} "
+          f"{'pread':>10} {'gathered':>10} {'mapped':>10}")
+    synthetic.evict(parts)
+    for rank in range(tp):
+        r = rank_slices.load_rank(names, "cuda", tp, rank)
+        st = r["stats"]
+        print(f"{rank:>4} {r['seconds']:7.2f}s {gib(r['copied'])} {gib(r['share'])} "
+              f"{r['copied'] / max(r['share'], 1):6.3f} {gib(st['pread'])} "
+              f"{gib(st['gathered'])} {gib(st['mapped'])}")
+    stored = sum(resident(p)[0] for p in parts)
+    kinds = r["bytes_by_kind"]
+    print(f"  storage read for all {tp} ranks: {gib(stored)} of the set's {gib(size)} "
+          f"({stored / size:.3f}x; target: once a host); tensors by class: "
+          + ", ".join(f"{k} {gib(v).strip()}" for k, v in kinds.items()))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"  peak RSS of this process {gib(peak)} (pinned staging 2 x "
+          f"{reads.STAGE >> 20} MiB)")
 
 
 def main() -> int:
@@ -340,6 +436,8 @@ def main() -> int:
                     help="every rank, or the first and last of each TP size")
     ap.add_argument("--no-gemma", action="store_true", help="skip Gemma time to ready")
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the loader pass into GPU memory without vLLM (GPU machine)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--peer", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -368,6 +466,9 @@ def main() -> int:
         print(f"set: {len(parts)} parts, {size / 2**30:.2f} GiB, {len(tensors)} tensors, "
               f"{cfg['num_hidden_layers']} layers + MTP, {cfg['n_routed_experts']} experts/layer "
               f"(written in {time.perf_counter() - t0:.0f} s)")
+        if args.device == "cuda":
+            gpu_main(parts, size, max(tps))
+            return 0
         spec = {"gguf": str(parts[0]), "config": str(work), "parts": [str(p) for p in parts]}
 
         synthetic.evict(parts)
@@ -375,14 +476,15 @@ def main() -> int:
         heads = header_times(parts)
         peer = run_child("peer", spec)
 
-        def rank_run(tp: int, rank: int, ep: bool) -> dict:
-            progress = work / f"progress-{tp}-{rank}-{int(ep)}"
+        def rank_run(tp: int, rank: int, ep: bool, **more: object) -> dict:
+            progress = work / f"progress-{tp}-{rank}-{int(ep)}-{len(more)}"
             return run_child("child", {**spec, "tp": tp, "rank": rank, "ep": ep,
-                                       "progress": str(progress)})
+                                       "progress": str(progress), **more})
 
         one = rank_run(1, 0, False)
-        warm = run_child("child", {**spec, "tp": 1, "rank": 0, "ep": False, "warm": True,
-                                   "progress": str(work / "progress-warm")})
+        warm = rank_run(1, 0, False, warm=True)
+        one_map = rank_run(1, 0, False, reads="mmap")
+        warm_map = rank_run(1, 0, False, reads="mmap", warm=True)
         synthetic.evict(parts)
         floor2_s = synthetic.sequential_read(parts)  # the disk drifts: floor again, after
         floor_rate = size / min(floor_s, floor2_s)
@@ -405,6 +507,11 @@ def main() -> int:
         print(f"{'ours, page cache warm (the CPU work alone: no disk)':<58} "
               f"{warm['weights_s']:7.2f}s {mib_s(warm['weights_bytes'], warm['weights_s']):>12} "
               f"{warm['weights_bytes'] / warm['weights_s'] / floor_rate:8.2f}")
+        for label, r in (("through the map (FRONTIER_GGUF_READS=mmap), cold", one_map),
+                         ("through the map, page cache warm", warm_map)):
+            print(f"{label:<58} {r['weights_s']:7.2f}s "
+                  f"{mib_s(r['weights_bytes'], r['weights_s']):>12} "
+                  f"{r['weights_bytes'] / r['weights_s'] / floor_rate:8.2f}")
         print(f"  (load_model in all, model init included: {one['load_s']:.2f} s; "
               f"parameters {gib(one['param_bytes'])}; target >= 0.90x the floor)")
 
@@ -421,6 +528,17 @@ def main() -> int:
         for tp in tps[-1:]:
             results += [rank_run(tp, r, True) for r in sorted({0, tp - 1})]
         rank_table(results)
+        disagree = sorted({d for r in results for d in r["disagree"]})
+        print("  name classes agree with vLLM's (bench/gguf/rank_slices.py, the GPU pass): "
+              + ("yes" if not disagree else "NO: " + "; ".join(disagree[:6])))
+        tp = tps[-1]
+        synthetic.evict(parts)
+        host = [rank_run(tp, r, False, shared=True) for r in range(tp)]
+        stored = sum(resident(p)[0] for p in parts)
+        passes = ", ".join(f"{h['weights_s']:.1f}" for h in host)
+        print(f"  one host, TP {tp}: ranks 0-{tp - 1} in turn, page cache evicted once: "
+              f"storage read {gib(stored)} of {gib(size)} ({stored / size:.3f}x; target: once)"
+              f"; weight passes {passes} s")
         print("  rows+experts: row-sharded tensors (column-parallel layers, embedding, lm_head,"
               " w13) and, with EP, whole experts;")
         print("  columns: row-parallel layers (o_proj, down_proj, w2 without EP) split inside"

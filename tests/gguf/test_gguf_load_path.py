@@ -150,6 +150,24 @@ def test_progress_is_logged_by_bytes_and_kept_in_a_file(tmp_path: Path,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
+def test_progress_file_moves_between_the_ten_percent_lines(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher ends a start whose bytes stop moving: a slow disk's 10% takes minutes,
+    so the file is rewritten every WRITE_EVERY seconds in between."""
+    monkeypatch.setenv(gguf_tensors.PROGRESS_DIR_ENV, str(tmp_path))
+    now = [0.0]
+    progress = gguf_tensors.LoadProgress(100 * 2**30, files=1, clock=lambda: now[0])
+    seen = []
+    for _ in range(5):  # 0.5% a step, a step every 3 s: no 10% line yet
+        now[0] += 3.0
+        progress.advance(2**29)
+        seen.append(json.loads((tmp_path / "rank-0.json").read_text())["done_bytes"])
+    assert seen == [n * 2**29 for n in range(1, 6)]
+    now[0] += 0.5  # sooner than WRITE_EVERY: the file waits
+    progress.advance(2**29)
+    assert json.loads((tmp_path / "rank-0.json").read_text())["done_bytes"] == 5 * 2**29
+
+
 def test_ahead_hands_errors_over_and_stops_with_its_consumer() -> None:
     def failing():  # type: ignore[no-untyped-def]
         yield 1

@@ -189,16 +189,20 @@ class LoadProgress:
         GGUF weights rank 0: 1.20 GiB of 3.04 GiB (39%), 0.91 GiB/s, 2 s left
 
     and, where FRONTIER_LOAD_PROGRESS_DIR is set, keeps
-    ``<dir>/rank-<r>.json`` current (written atomically).
+    ``<dir>/rank-<r>.json`` current (written atomically, at most every WRITE_EVERY
+    seconds between the 10% lines): the readiness watcher ends a start whose bytes
+    stop moving, so a slow disk's 10% must not look like a stall.
     """
 
     STEP = 10
+    WRITE_EVERY = 2.0
 
     def __init__(self, total: int, files: int, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
         self.total, self.files, self.done = max(total, 0), files, 0
         self.clock, self.start = clock, clock()
         self.rank, self.pid = _rank(), os.getpid()
         self._next = self.STEP
+        self._written = self.start
         folder = os.environ.get(PROGRESS_DIR_ENV)
         self.file = Path(folder) / f"rank-{self.rank}.json" if folder else None
         logger.info("GGUF weights rank %d: loading %s from %d file(s)",
@@ -213,6 +217,8 @@ class LoadProgress:
         if self.percent() >= self._next and self.done < self.total:
             self._next = (self.percent() // self.STEP + 1) * self.STEP
             self._report(finished=False)
+        elif self.clock() - self._written >= self.WRITE_EVERY:
+            self._write(finished=False)
 
     def finish(self) -> None:
         self.done = self.total
@@ -233,6 +239,7 @@ class LoadProgress:
     def _write(self, finished: bool) -> None:
         if self.file is None:
             return
+        self._written = self.clock()
         record = {"rank": self.rank, "pid": self.pid, "done_bytes": self.done,
                   "total_bytes": self.total, "percent": self.percent(), "files": self.files,
                   "elapsed_s": round(self.clock() - self.start, 3), "finished": finished,
