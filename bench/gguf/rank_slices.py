@@ -29,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "patches" / "vllm-gguf-plugin" / "files" / "vllm_gguf_plugin"
 PACKAGE = "_frontier_gguf_overlay"
 
-ROWS = re.compile(r"^(token_embd|output)\.weight$|\.(attn_q_b|ffn_gate|ffn_up|ffn_gate_shexp"
-                  r"|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight$")
-COLUMNS = re.compile(r"\.(attn_output|ffn_down|ffn_down_shexp|ffn_down_exps)\.weight$")
+# Block tensors by their own name (blk.N.<name>): the indexer's attn_q_b is replicated.
+ROWS = re.compile(r"^(token_embd|output)\.weight$|^blk\.\d+\.(attn_q_b|ffn_gate|ffn_up"
+                  r"|ffn_gate_shexp|ffn_up_shexp|ffn_gate_exps|ffn_up_exps)\.weight$")
+COLUMNS = re.compile(r"^blk\.\d+\.(attn_output|ffn_down|ffn_down_shexp|ffn_down_exps)\.weight$")
 BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
