@@ -453,8 +453,11 @@ class NodeGroup:
             joined = node_links.joined_ranks(self.store_port, pids)
             return node_links.worker_error(self.local, joined, self.store_port)
         now = node_links.remote_ranks(self.store_port, pids)
-        if ever_ready and self.at_ready is None:
-            self.at_ready = now  # who was there when the group first served
+        if ever_ready and self.at_ready is None and sum(now.values()) >= self.expected:
+            # Who was there when the group first served, taken from a complete count:
+            # one taken in a round that missed a connection would leave a later loss
+            # unnamed (seen once in CI: "lost a worker node" with no address).
+            self.at_ready = now
         return node_links.lost_node_error(
             self.expected, now, self.at_ready, self.store_port, self.nnodes
         )

@@ -277,3 +277,21 @@ def wait_until_changed(read, old, timeout: float = 10.0):  # type: ignore[no-unt
     while (value := read()) == old and time.monotonic() < deadline:
         time.sleep(0.05)
     return value
+
+
+def test_the_group_at_ready_comes_from_a_complete_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round that missed a connection right after the group first served must not
+    become the group's membership: a later loss would go unnamed (seen once in CI)."""
+    from collections import Counter
+
+    from entrypoint import node_links, watcher
+
+    counts = iter([Counter({"10.0.0.2": 1}), Counter({"10.0.0.2": 2}), Counter()])
+    monkeypatch.setattr(node_links, "remote_ranks", lambda port, pids: next(counts))
+    group = watcher.NodeGroup({"role": "leader", "nnodes": 2, "store_port": 29500,
+                               "remote_ranks": 2, "local_ranks": 2})
+    first = group.check([1], ever_ready=True) or ""
+    assert first.startswith("waiting for the worker nodes") and group.at_ready is None
+    assert group.check([1], ever_ready=True) is None
+    lost = group.check([1], ever_ready=True) or ""
+    assert lost.startswith("lost a worker node (node rank 1) at 10.0.0.2"), lost
