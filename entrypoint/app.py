@@ -77,6 +77,7 @@ def serve(env_file: EnvFiles = None) -> None:
         mark_validating,
         prepare,
     )
+    from entrypoint.vllm_in_process import module_of
 
     env = _environment(env_file)
     steps = mark_validating(env)
@@ -104,7 +105,8 @@ def serve(env_file: EnvFiles = None) -> None:
             "give probe the same --env-file (or --ready-file) so it reads that file",
             err=True,
         )
-    raise typer.Exit(exec_vllm(rendered, config))
+    here = module_of(rendered.program, env.get(settings.EXEC, ""))
+    raise typer.Exit(exec_vllm(rendered, config, here))
 
 
 @app.command("fetch-config")

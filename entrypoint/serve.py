@@ -1,9 +1,11 @@
-"""`serve`: render, validate, start the readiness watcher, then exec vLLM in place.
+"""`serve`: render, validate, start the readiness watcher, then start vLLM in place.
 
-vLLM replaces this process (same pid, PID 1 in a container), so it receives
-SIGTERM/SIGINT directly and its exit code is the container's. The watcher is a
-fresh interpreter started just before the exec; it becomes vLLM's child and ends
-when vLLM ends.
+vLLM keeps this process (same pid, PID 1 in a container), so it receives
+SIGTERM/SIGINT directly and its exit code is the container's. The default program
+runs in this interpreter, reusing the vLLM modules that validation imported
+(entrypoint/vllm_in_process.py); a SERVE_EXEC program replaces it through exec.
+The watcher is a fresh interpreter started just before; it is vLLM's child and
+ends when vLLM ends.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import gpus, load_progress, nodes, settings, startup_history, vllm_logging
+from entrypoint import (
+    gpus,
+    load_progress,
+    nodes,
+    settings,
+    startup_history,
+    vllm_in_process,
+    vllm_logging,
+)
 from entrypoint.errors import ConfigError
 from entrypoint.gguf_config import with_gguf_config
 from entrypoint.hub_files import fetch_all, repos_from_namespace
@@ -32,7 +42,7 @@ from entrypoint.preflight import (
 )
 from entrypoint.render import Rendered, render
 from entrypoint.statusfile import remove_quietly, write_atomic, write_json_atomic
-from entrypoint.steps import PREFLIGHT, Steps
+from entrypoint.steps import IMPORTING_VLLM, PREFLIGHT, Steps
 from entrypoint.steps import VALIDATING as VALIDATING_STEP
 from entrypoint.watcher import EXITED, VALIDATING, Tracker, WatchConfig
 
@@ -181,6 +191,9 @@ def prepare(
     steps = Steps() if steps is None else steps
     gpus.require_gpu()  # before the GGUF config extraction below, which can take minutes
     env = with_gguf_config(env)  # bare .gguf: config + tokenizer from the file (gguf_config.py)
+    # Rendering builds vLLM's parser: the imports the start goes on with (vllm_in_process).
+    steps.enter(IMPORTING_VLLM, time.time())
+    _write_start_status(env, VALIDATING, step=IMPORTING_VLLM, steps=steps.entries)
     rendered = render(env)
     problems: list[str] = []
     config: WatchConfig | None = None
@@ -273,19 +286,24 @@ def start_log_capture(config: WatchConfig) -> str | None:
     return None
 
 
-def exec_vllm(rendered: Rendered, config: WatchConfig | None) -> int:
-    """Exec vLLM; returns only if the exec itself failed."""
+def exec_vllm(rendered: Rendered, config: WatchConfig | None, here: str | None = None) -> int:
+    """Exec vLLM, or with `here` (a module: vllm_in_process.module_of) run it in this
+    interpreter. Returns vLLM's exit code when it ran here, 127 when the exec failed."""
     watcher = start_watcher(config) if config is not None else None
     if config is not None:
         load_progress.export(config.load_progress_dir, os.environ)
     for hint in config.hints if config is not None else model_hints(rendered.namespace.model):
         print(f"frontier-serve: warning: {hint}", file=sys.stderr)
+    how = "run in this process" if here else "exec"
     print(
-        f"frontier-serve: exec {shlex.join(rendered.argv)}  [{rendered.digest}]",
+        f"frontier-serve: {how} {shlex.join(rendered.argv)}  [{rendered.digest}]",
         file=sys.stderr,
         flush=True,
     )
     sys.stdout.flush()
+    if here:
+        # Outside the try: an OSError of vLLM's own (a port taken) is no failed exec.
+        return vllm_in_process.run_module(here, rendered.argv[len(rendered.program) :])
     try:
         os.execvp(rendered.argv[0], rendered.argv)
     except OSError as exc:

@@ -49,8 +49,9 @@ START_LIMIT = "SERVE_START_LIMIT"
 # What each reserved name means: the one description of it.
 RESERVED: dict[str, str] = {
     EXTRA_ARGS: "JSON array of extra vLLM argv elements, appended after the mapped options",
-    EXEC: "JSON array naming the program to exec (default: python -m the vLLM API server); "
-    "vLLM options follow it",
+    EXEC: "JSON array naming the program to exec, vLLM options following it (default: the "
+    "vLLM API server's module, run in serve's own interpreter, which has imported vLLM "
+    "to validate)",
     READY_FILE: "readiness file, present only while vLLM answers /health and /v1/models "
     "(default /run/serve/ready)",
     STATUS_FILE: "status JSON (default: status.json beside the readiness file)",

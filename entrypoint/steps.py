@@ -1,7 +1,8 @@
 """The steps of one start, as `status`, `wait` and the startup history name them.
 
-`serve` records the first two (validating, preflight); the watcher the rest, from
-vLLM's log (entrypoint/log_capture.py) and its health checks. Stdlib-only.
+`serve` records the first three (validating, importing vLLM, preflight); the watcher
+the rest, from vLLM's log (entrypoint/log_capture.py) and its health checks.
+Stdlib-only.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 VALIDATING = "validating"
+IMPORTING_VLLM = "importing vLLM"  # its parser; the start then runs in this interpreter
 PREFLIGHT = "preflight"
 STARTING_VLLM = "starting vLLM"
 STARTING_ENGINE = "starting engine"
@@ -23,8 +25,8 @@ SERVING = "serving"
 
 # The order a start goes through them. CAPTURING and WARMING_UP are alternatives;
 # vLLM also compiles during warm-up, which stays part of that step.
-ORDER = (VALIDATING, PREFLIGHT, STARTING_VLLM, STARTING_ENGINE, LOADING, LOADED, COMPILING,
-         KV_CACHE, CAPTURING, WARMING_UP, API_SERVER, SERVING)
+ORDER = (VALIDATING, IMPORTING_VLLM, PREFLIGHT, STARTING_VLLM, STARTING_ENGINE, LOADING,
+         LOADED, COMPILING, KV_CACHE, CAPTURING, WARMING_UP, API_SERVER, SERVING)
 
 
 def rank(step: str | None) -> int:

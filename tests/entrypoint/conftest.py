@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint import vllm_in_process
 from tests.entrypoint.recording import Recorder
 from tests.serving import free_port, run_module
 
@@ -50,6 +51,7 @@ def no_exec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(os, "execvp", tripwire)
     monkeypatch.setattr(os, "execv", tripwire)
+    monkeypatch.setattr(vllm_in_process, "run_module", tripwire)
     monkeypatch.setattr(subprocess, "Popen", tripwire)
 
 
@@ -94,6 +96,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
 
     rec = Recorder()
     monkeypatch.setattr(os, "execvp", rec.execvp)
+    monkeypatch.setattr(vllm_in_process, "run_module", rec.run_module)
     monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
     return rec
 

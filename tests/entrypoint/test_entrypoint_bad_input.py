@@ -307,14 +307,15 @@ def test_a_service_link_vllm_port_is_dropped_with_a_warning(
 ) -> None:
     seen: dict[str, str | None] = {}
 
-    def execvp(file: str, argv: list[str]) -> None:
+    def run_module(module: str, args: list[str]) -> int:  # what vLLM would see
         seen["VLLM_PORT"] = os.environ.get("VLLM_PORT")
-        raise OSError(2, "recorded, not executed")
+        return 0
 
     rec = Recorder()
     import entrypoint.serve as serve_module
+    from entrypoint import vllm_in_process
 
-    monkeypatch.setattr(os, "execvp", execvp)
+    monkeypatch.setattr(vllm_in_process, "run_module", run_module)
     monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
     monkeypatch.setenv("VLLM_PORT", "tcp://10.96.0.12:8000")
     result = invoke({**base_env, "VLLM_PORT": "tcp://10.96.0.12:8000"}, "serve")

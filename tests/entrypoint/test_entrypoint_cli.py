@@ -114,17 +114,19 @@ def test_serve_bad_reserved_value(vllm_table, base_env: dict[str, str], recorder
     assert "error: SERVE_HEALTH_FAILURES='three': expected a whole number" in result.output
 
 
-def test_serve_starts_watcher_then_execs(
+def test_serve_starts_watcher_then_runs_vllm_here(
     vllm_table, base_env: dict[str, str], recorder: Recorder
 ) -> None:
     ready = Path(base_env["SERVE_READY_FILE"])
     ready.parent.mkdir(parents=True)
     ready.write_text("{}")  # a stale file from an earlier run
     rendered = json.loads(invoke(base_env, "render", "--json").stdout)
+    recorder.run_code = 3
     result = invoke(base_env, "serve")
-    # The recorder's execvp fails like a missing program would: exit 127, status says so.
-    assert result.exit_code == 127
-    assert recorder.exec_argv == rendered
+    # The default program runs in this interpreter; its return is serve's exit code.
+    assert recorder.ran_here and recorder.exec_argv == rendered
+    assert result.exit_code == 3
+    assert "frontier-serve: run in this process " in result.output
     assert recorder.popen_args is not None
     assert recorder.popen_args[:3] == [sys.executable, "-m", "entrypoint.watcher"]
     config = json.loads(recorder.popen_args[3])
@@ -132,7 +134,21 @@ def test_serve_starts_watcher_then_execs(
     assert config["base_url"] == f"http://127.0.0.1:{base_env['SERVE_PORT']}"
     assert config["ready_file"] == str(ready)
     assert not ready.exists()
-    status = read_json(str(ready.parent / "status.json"))
+
+
+def test_serve_execs_a_serve_exec_program(
+    vllm_table, base_env: dict[str, str], recorder: Recorder
+) -> None:
+    # Even the default program named through SERVE_EXEC is exec'd, not run here.
+    program = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    env = {**base_env, "SERVE_EXEC": json.dumps(program)}
+    rendered = json.loads(invoke(env, "render", "--json").stdout)
+    result = invoke(env, "serve")
+    # The recorder's execvp fails like a missing program would: exit 127, status says so.
+    assert result.exit_code == 127
+    assert not recorder.ran_here and recorder.exec_argv == rendered
+    assert rendered[:3] == program
+    status = read_json(str(Path(base_env["SERVE_READY_FILE"]).parent / "status.json"))
     assert status is not None
     assert status["phase"] == "exited" and status["exit_code"] == 127
     assert "exec of" in status["reason"] and status["argv_digest"].startswith("sha256:")

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import entrypoint.render as render_module
 import entrypoint.serve as serve_module
-from entrypoint import gpus
+from entrypoint import gpus, vllm_in_process
 from entrypoint.app import app
 
 runner = CliRunner()
@@ -43,14 +43,19 @@ def stand_in_cuda_build(monkeypatch: pytest.MonkeyPatch, nvml: tuple[int | None,
 
 @pytest.fixture
 def execs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Records the exec instead of doing it (and never starts the watcher)."""
+    """Records vLLM's start instead of doing it (and never starts the watcher)."""
     calls: list[list[str]] = []
 
     def execvp(file: str, argv: list[str]) -> None:
         calls.append(argv)
         raise OSError(2, "recorded, not executed")
 
+    def run_module(module: str, args: list[str]) -> int:
+        calls.append([sys.executable, "-m", module, *args])
+        return 0
+
     monkeypatch.setattr(os, "execvp", execvp)
+    monkeypatch.setattr(vllm_in_process, "run_module", run_module)
     monkeypatch.setattr(serve_module.subprocess, "Popen", lambda *a, **k: _FakeWatcher())
     return calls
 
