@@ -107,6 +107,16 @@ def test_bad_settings_are_named(monkeypatch, name: str, value: str) -> None:  # 
         check()
 
 
+def test_serve_refuses_what_the_reader_refuses() -> None:
+    """The entrypoint checks these settings before the start; the ranks read the same."""
+    from entrypoint import preflight
+
+    assert (preflight.GGUF_READS, preflight.GGUF_READS_MODES) == (
+        gguf_reads.MODE_ENV, gguf_reads.MODES)
+    assert (preflight.GGUF_READERS, preflight.GGUF_READERS_MAX) == (
+        gguf_reads.READERS_ENV, gguf_reads.READERS_MAX)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_each_rank_holds_what_vllms_own_cut_gives_tp_standin(tiny_gguf: Path) -> None:

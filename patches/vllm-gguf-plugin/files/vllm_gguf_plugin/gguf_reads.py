@@ -34,6 +34,7 @@ from .gguf_tensors import file_location, will_read
 MODE_ENV = "FRONTIER_GGUF_READS"
 MODES = ("pread", "mmap")
 READERS_ENV = "FRONTIER_GGUF_READERS"
+READERS_MAX = 64  # entrypoint/preflight.py refuses the same range before the start
 PIECE = 8 << 20  # one pread(); a larger range is read as pieces by the reader threads
 STAGE = 32 << 20  # one pinned staging buffer (two per device)
 
@@ -103,8 +104,10 @@ def readers() -> int:
     value = os.environ.get(READERS_ENV, "").strip()
     if not value:
         return max(1, min(4, os.cpu_count() or 1))
-    if not value.isdigit() or not 1 <= int(value) <= 64:
-        raise ValueError(f"{READERS_ENV}={value!r}: expected a whole number from 1 to 64")
+    if not value.isdigit() or not 1 <= int(value) <= READERS_MAX:
+        raise ValueError(
+            f"{READERS_ENV}={value!r}: expected a whole number from 1 to {READERS_MAX}"
+        )
     return int(value)
 
 

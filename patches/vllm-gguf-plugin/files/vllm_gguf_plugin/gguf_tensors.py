@@ -81,14 +81,15 @@ def will_read(weight: torch.Tensor) -> None:
     start = weight.data_ptr()
     extent = 1 + sum((n - 1) * abs(st) for n, st in zip(weight.shape, weight.stride(), strict=True))
     end = start + extent * weight.element_size()
-    for base, size, mapped, hinted, _ in _SPANS:
-        if base <= start < base + size and hinted and not mapped.closed:
-            first = (start - base) & ~(mmap.PAGESIZE - 1)
-            last = min(end - base, size)
-            # The kernel reads at most one readahead window (a few MiB) per call.
-            for offset in range(first, last, _HINT_CHUNK):
-                mapped.madvise(mmap.MADV_WILLNEED, offset, min(_HINT_CHUNK, last - offset))
-            return
+    span = _span_of(start)
+    if span is None or not span[3]:
+        return
+    base, size, mapped = span[:3]
+    first = (start - base) & ~(mmap.PAGESIZE - 1)
+    last = min(end - base, size)
+    # The kernel reads at most one readahead window (a few MiB) per call.
+    for offset in range(first, last, _HINT_CHUNK):
+        mapped.madvise(mmap.MADV_WILLNEED, offset, min(_HINT_CHUNK, last - offset))
 
 
 def file_location(weight: torch.Tensor) -> tuple[str, int] | None:
@@ -96,10 +97,16 @@ def file_location(weight: torch.Tensor) -> tuple[str, int] | None:
     view of a live GGUF map (maybe narrowed), else None. Maps start at offset 0."""
     if weight.device.type != "cpu" or weight.numel() == 0:
         return None
-    start = weight.data_ptr()
-    for base, size, mapped, _, path in _SPANS:
-        if base <= start < base + size and not mapped.closed:
-            return path, start - base
+    span = _span_of(weight.data_ptr())
+    return None if span is None else (span[4], weight.data_ptr() - span[0])
+
+
+def _span_of(address: int) -> tuple[int, int, mmap.mmap, bool, str] | None:
+    """The live map's entry of _SPANS that holds *address*, or None."""
+    for span in _SPANS:
+        base, size, mapped = span[:3]
+        if base <= address < base + size and not mapped.closed:
+            return span
     return None
 
 
