@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import fetch, image, locks, patcher, pins, series, source, targets, venv, wheels
+from . import fetch, image, locks, patcher, paths, pins, series, source, targets, venv, wheels
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
@@ -260,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         code = args.func(args)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.filename is None:  # not about a path: a bug or the network, shown whole
+            raise
+        print(f"error: {paths.os_error_line(exc)}", file=sys.stderr)
         return 1
     sys.stdout.flush()
     print(f"[{args.step}] done in {time.monotonic() - started:.1f} s", file=sys.stderr)
