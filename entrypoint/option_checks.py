@@ -30,6 +30,7 @@ class Bound:
     high: float | None = None
     high_open: bool = False
     why: str = ""
+    excluded: tuple[float, ...] = ()  # values inside the range that are still refused
 
     def words(self) -> str:
         parts = []
@@ -37,9 +38,12 @@ class Bound:
             parts.append(f"{'>' if self.low_open else '>='} {self.low:g}")
         if self.high is not None:
             parts.append(f"{'<' if self.high_open else '<='} {self.high:g}")
+        parts.extend(f"not {value:g}" for value in self.excluded)
         return " and ".join(parts)
 
     def admits(self, value: float) -> bool:
+        if value in self.excluded:
+            return False
         if self.low is not None and not (value > self.low if self.low_open else value >= self.low):
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
@@ -52,7 +56,8 @@ class Bound:
         high, high_open = self.high, self.high_open
         if other.high is not None and (high is None or other.high < high):
             high, high_open = other.high, other.high_open
-        return Bound(low, low_open, high, high_open, self.why or other.why)
+        excluded = tuple(sorted({*self.excluded, *other.excluded}))
+        return Bound(low, low_open, high, high_open, self.why or other.why, excluded)
 
 
 # A GPU count no deployment reaches; past it a value is a typo (10**20 overflows later).
@@ -66,6 +71,9 @@ OURS: dict[str, Bound] = {
     "data_parallel_size": Bound(1, high=_MAX_RANKS),
     "max_num_seqs": Bound(1),
     "max_num_batched_tokens": Bound(1),
+    # vLLM declares >= -1, then refuses 0 once its engine config is built.
+    "max_model_len": Bound(-1, excluded=(0,), why="-1 fits the longest context the KV "
+                           "cache holds; 0 is no length"),
     "data_parallel_rpc_port": Bound(1, high=65535),
     "data_parallel_supervisor_port": Bound(1, high=65535),
 }

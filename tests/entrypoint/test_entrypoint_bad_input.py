@@ -44,6 +44,8 @@ def refused(env: dict[str, str], *args: str, command: str = "render") -> str:
         ("SERVE_MAX_NUM_SEQS", "0", "--max-num-seqs must be >= 1"),
         ("SERVE_MAX_NUM_BATCHED_TOKENS", "0", "--max-num-batched-tokens must be >= 1"),
         ("SERVE_BLOCK_SIZE", "0", "--block-size must be > 0"),
+        ("SERVE_MAX_MODEL_LEN", "0", "--max-model-len must be >= -1 and not 0"),
+        ("SERVE_MAX_MODEL_LEN", "-2", "--max-model-len must be >= -1 and not 0"),
     ],
 )
 def test_out_of_range_values_are_refused(
@@ -56,7 +58,8 @@ def test_out_of_range_values_are_refused(
 @pytest.mark.parametrize(
     ("name", "value"),
     [("SERVE_PORT", "65535"), ("SERVE_GPU_MEMORY_UTILIZATION", "1"),
-     ("SERVE_TENSOR_PARALLEL_SIZE", "8"), ("SERVE_MAX_NUM_SEQS", "1")],
+     ("SERVE_TENSOR_PARALLEL_SIZE", "8"), ("SERVE_MAX_NUM_SEQS", "1"),
+     ("SERVE_MAX_MODEL_LEN", "-1"), ("SERVE_MAX_MODEL_LEN", "1"), ("SERVE_MAX_MODEL_LEN", "32k")],
 )  # fmt: skip
 def test_values_at_the_edge_of_the_range_pass(
     vllm_table, base_env: dict[str, str], name: str, value: str
