@@ -13,7 +13,7 @@ VPY      := $(VENV)/bin/python
 KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
-.PHONY: help fetch verify-pins lock lock-check source patch-check wheels venv venv-rebuild test lint \
+.PHONY: help fetch verify-pins lock lock-check lock-wheels source patch-check wheels venv venv-rebuild test lint \
         repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels bench-kernels-sm120 summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
         image-cpu-dflash \
         lint-deploy e2e check-image reclaim-space bench-build clean
@@ -34,6 +34,9 @@ lock: fetch ## re-resolve every lock in locks/ from build/targets.toml (uv pip c
 
 lock-check: fetch ## fail when a lock in locks/ no longer matches pins.toml, targets.toml or pyproject.toml
 	$(PIPELINE) lock-check
+
+lock-wheels: fetch ## fail when an image's lock lacks a hash-listed wheel for its CPython and glibc (asks the index)
+	$(PIPELINE) lock-wheels
 
 source: fetch ## unpack pristine upstream trees into .work/src
 	$(PIPELINE) source

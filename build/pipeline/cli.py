@@ -9,7 +9,20 @@ import sys
 import time
 from pathlib import Path
 
-from . import fetch, image, locks, patcher, paths, pins, series, source, targets, venv, wheels
+from . import (
+    fetch,
+    image,
+    lock_wheels,
+    locks,
+    patcher,
+    paths,
+    pins,
+    series,
+    source,
+    targets,
+    venv,
+    wheels,
+)
 from .errors import PipelineError
 from .paths import REPO, work_dir
 from .trees import patched_trees
@@ -240,6 +253,7 @@ def parser() -> argparse.ArgumentParser:
     dig.add_argument("tree", type=Path)
     image.add_parser(sub)
     locks.add_parsers(sub)
+    lock_wheels.add_parsers(sub)
     targets.add_parser(sub)
     return top
 

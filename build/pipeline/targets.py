@@ -17,6 +17,7 @@ from .paths import REPO
 
 TARGETS_FILE = REPO / "build" / "targets.toml"
 PYTHON_RE = re.compile(r"^3\.\d{1,2}$")
+GLIBC_RE = re.compile(r"^2\.\d{1,2}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -75,6 +76,8 @@ class Manifest:
     locks: dict[str, LockSpec]
     targets: dict[str, Target]
     services: dict[str, Service]
+    # Python X.Y -> the glibc (2.NN) of the image bases that install its locks
+    install_glibc: dict[str, str] = field(default_factory=dict)
 
     def target(self, name: str) -> Target:
         return _known(self.targets, name, "target", self.path)
@@ -138,6 +141,12 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
     platform = lock_table.pop("platform", "")
     if not isinstance(platform, str) or not platform:
         raise PipelineError(f"{path}: [locks] platform is missing")
+    install_glibc = lock_table.pop("install-glibc", {})
+    if not isinstance(install_glibc, dict) or not all(
+        isinstance(k, str) and PYTHON_RE.match(k) and isinstance(v, str) and GLIBC_RE.match(v)
+        for k, v in install_glibc.items()
+    ):
+        raise PipelineError(f"{path}: [locks] install-glibc maps X.Y Pythons to 2.NN versions")
     locks: dict[str, LockSpec] = {}
     for name, entry in lock_table.items():
         where = f"{path}: [locks.{name}]"
@@ -163,6 +172,9 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             constraints=_strings(entry, "constraints", where),
         )
     for spec in locks.values():
+        unplaced = [py for py in spec.pythons if py not in install_glibc]
+        if unplaced:
+            raise PipelineError(f"{path}: [locks] install-glibc lacks Python {', '.join(unplaced)}")
         for other in spec.constraints:
             if other not in locks or other == spec.name:
                 raise PipelineError(f"{path}: [locks.{spec.name}] constraint {other!r} is no lock")
@@ -238,7 +250,8 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             smoke=dict(smoke),
             compose=in_compose,
         )
-    return Manifest(path=path, locks=locks, targets=targets, services=services)
+    return Manifest(path=path, locks=locks, targets=targets, services=services,
+                    install_glibc=dict(install_glibc))
 
 
 def shell(manifest: Manifest, target: str | None, service: str | None, version: str) -> str:
