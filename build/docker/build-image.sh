@@ -17,6 +17,7 @@ source build/docker/engine.sh
 target=${1:-runtime-cpu}
 shift || true
 tags=
+base_arg=DEBIAN_BASE
 if [[ $target == builder-check ]]; then
     # The pipeline-test stage (make check-image); it reads nothing from the context.
     context=runtime-cpu tags=frontier-serve:builder-check
@@ -26,7 +27,7 @@ else
         echo "usage: $0 TARGET [docker build args...]  (a target of build/targets.toml, or builder-check)" >&2
         exit 2
     }
-    eval "$facts"  # sets tags (space-separated), among others
+    eval "$facts"  # sets tags (space-separated) and base_arg, among others
 fi
 read -r -a tag_list <<<"$tags"
 
@@ -64,3 +65,20 @@ fi
 log "building $target as ${tag_list[*]} with $DOCKER"
 DOCKER_BUILDKIT=1 "$DOCKER" build --network=host --target "$target" "${args[@]}" "$@" .
 log "built ${tag_list[0]}"
+if [[ $target != builder-check ]]; then
+    # The apt packages that went in (apt-install.sh's list), by sha256 in a label. A
+    # label can only be given at build time, so the same build runs again, all cached.
+    apt_sum=$(apt_list_sha256 "${tag_list[0]}")
+    log "label io.frontier-serve.apt-packages.sha256=$apt_sum"
+    DOCKER_BUILDKIT=1 "$DOCKER" build --quiet --network=host --target "$target" "${args[@]}" \
+        --label "io.frontier-serve.apt-packages.sha256=$apt_sum" "$@" . >/dev/null
+fi
+# The base that went in, by digest: a tag can move; pin CUDA_BASE=name@sha256:... to keep it.
+base=${!base_arg:-$(sed -n "s/^ARG $base_arg=//p" Dockerfile | head -1)}
+digest=$("$DOCKER" image inspect -f '{{join .RepoDigests " "}}' "$base" 2>/dev/null || true)
+if [[ -n $digest ]]; then
+    log "base $base_arg=$base is $digest"
+else
+    log "base $base_arg=$base is image $("$DOCKER" image inspect -f '{{.Id}}' "$base" 2>/dev/null ||
+        echo '(not in the engine)') (built here or loaded: no registry digest)"
+fi

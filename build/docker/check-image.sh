@@ -64,6 +64,7 @@ for pair in vllm:io.frontier-serve.tree.vllm vllm-gguf-plugin:io.frontier-serve.
     log "label ${pair#*:}=$got (= make patch-check)"
 done
 labels_match .work/context/runtime.labels "$IMAGE"
+apt_list_matches "$IMAGE"
 installed_matches_lock "$IMAGE"
 user=$("$DOCKER" image inspect -f '{{.Config.User}}' "$IMAGE")
 [[ $user == 10001:10001 ]] || { log "image user is '$user', expected 10001:10001"; exit 1; }

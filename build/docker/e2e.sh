@@ -205,6 +205,7 @@ fi
 step "labels match the pipeline's digests and the lock"
 eval "$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime-cpu)"  # tag=...
 labels_match .work/context/runtime-cpu.labels "$tag"
+apt_list_matches "$tag"
 installed_matches_lock "$tag"
 
 if [[ $only != dflash ]]; then

@@ -29,6 +29,28 @@ labels_match() {
     done <"$1"
 }
 
+APT_LIST=/usr/share/frontier-serve/apt-packages.txt  # written by install-runtime.sh
+
+# apt_list_sha256 IMAGE: sha256 of the image's recorded apt package list.
+apt_list_sha256() {
+    "$DOCKER" run --rm --network=none --entrypoint sha256sum "$1" "$APT_LIST" | cut -d' ' -f1
+}
+
+# apt_list_matches IMAGE: the recorded list is what dpkg reports in the image, and
+# the label holds its sha256.
+apt_list_matches() {
+    local label out sum count
+    label=$("$DOCKER" image inspect -f '{{index .Config.Labels "io.frontier-serve.apt-packages.sha256"}}' "$1")
+    out=$("$DOCKER" run --rm --network=none --entrypoint sh "$1" -c \
+        "dpkg-query -W -f '\${binary:Package}=\${Version}\\n' | LC_ALL=C sort | diff $APT_LIST - >&2 &&
+         sha256sum $APT_LIST && wc -l <$APT_LIST") ||
+        { log "$APT_LIST differs from dpkg in $1 (above)"; return 1; }
+    read -r sum _ count <<<"${out//$'\n'/ }"
+    [[ -n $label && $label == "$sum" ]] ||
+        { log "label io.frontier-serve.apt-packages.sha256='$label', the list's sha256 is $sum"; return 1; }
+    log "apt packages: $count recorded, as dpkg reports; the label is their sha256"
+}
+
 # installed_matches_lock IMAGE: the image's venv holds exactly its lock's versions.
 installed_matches_lock() {
     "$DOCKER" run --rm --network=none -v "$REPO/checks/image:/checks:ro" --entrypoint python "$1" \

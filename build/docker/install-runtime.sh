@@ -54,6 +54,12 @@ if [ -n "$model_infos" ]; then
     HOME=/home/serve "$venv/bin/python" "$model_infos"
     chown -R serve:serve /home/serve/.cache/vllm
 fi
+# What went in from apt, with versions: every package dpkg knows (the base's and
+# ours; nothing is installed with apt after this layer). build-image.sh puts its
+# sha256 in the label io.frontier-serve.apt-packages.sha256; make check-image and
+# make e2e compare the list with dpkg.
+mkdir -p /usr/share/frontier-serve
+dpkg-query -W -f '${binary:Package}=${Version}\n' | LC_ALL=C sort >/usr/share/frontier-serve/apt-packages.txt
 # No build leftovers: pip's cache and the bytecode pip wrote for the build tools.
 rm -rf /root/.cache
 "$venv/bin/python" -m entrypoint reserved >/dev/null
