@@ -77,7 +77,7 @@ def test_steps_in_order_with_vllms_details(server: Served) -> None:
     names = [s["step"] for s in status["steps"]]
     print("\n" + "\n".join(f"{s['step']:22} {s['seconds']:7.2f} s  {s['detail'] or ''}"
                             for s in status["steps"]))
-    assert names == [steps.VALIDATING, steps.PREFLIGHT, steps.STARTING_VLLM,
+    assert names == [steps.VALIDATING, steps.IMPORTING_VLLM, steps.PREFLIGHT, steps.STARTING_VLLM,
                      steps.STARTING_ENGINE, steps.LOADING, steps.LOADED, steps.KV_CACHE,
                      steps.WARMING_UP, steps.API_SERVER, steps.SERVING]
     at = [s["at"] for s in status["steps"]]

@@ -93,7 +93,7 @@ def test_without_log_capture_the_status_works_as_before(server: Served) -> None:
     assert "error" not in status and "log_tail" not in status
     # Without vLLM's log only serve's and the watcher's own steps are known.
     assert [s["step"] for s in status["steps"]] == [
-        steps.VALIDATING, steps.PREFLIGHT, steps.STARTING_VLLM, steps.SERVING]
+        steps.VALIDATING, steps.IMPORTING_VLLM, steps.PREFLIGHT, steps.STARTING_VLLM, steps.SERVING]
     assert not list(server.folder.glob("status.json.log*"))
     assert run_entrypoint("probe", "--ready-file", str(server.ready)).returncode == 0
 

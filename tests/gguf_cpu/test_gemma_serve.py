@@ -105,7 +105,7 @@ def test_the_load_reported_bytes_per_rank(server: Served, gemma_path: Path) -> N
 def test_steps_in_order_and_progress_while_loading(server: Served) -> None:
     status = status_json(server)
     names = [s["step"] for s in status["steps"]]
-    assert names == [steps.VALIDATING, steps.PREFLIGHT, steps.STARTING_VLLM,
+    assert names == [steps.VALIDATING, steps.IMPORTING_VLLM, steps.PREFLIGHT, steps.STARTING_VLLM,
                      steps.STARTING_ENGINE, steps.LOADING, steps.LOADED, steps.KV_CACHE,
                      steps.WARMING_UP, steps.API_SERVER, steps.SERVING], names
     code, out = server.wait_output  # type: ignore[attr-defined]
