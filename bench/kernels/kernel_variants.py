@@ -169,7 +169,7 @@ _LAST = "i == n_tiles - 1"
 # run.
 _STAMP_POINTS: tuple[tuple[str, str, str, int, bool, str], ...] = (
     (_S, "        _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H", "s_start", 8, True, ""),
-    (_S, "        gl.thread_barrier()  # every warp's part of q is stored", "s_q", 8, True, ""),
+    (_S, "        _cta_barrier()  # every warp's part of q is stored", "s_q", 8, True, ""),
     (_S, "            buf = i % NBUF\n", "s_last_top", 12, False, _LAST),
     (_S, "s_zero, rows_s, BLOCK_N, NBUF, S_LAYOUT,\n            )  # fmt: skip\n",
      "s_last_scored", 12, False, _LAST),

@@ -28,6 +28,8 @@ try:  # Gluon (explicit shared memory, cp.async and wgmma): the SM90 kernel belo
         warpgroup_mma_wait as gl_wgmma_wait,
     )
 
+    # The CTA-wide barrier: thread_barrier in Triton 3.6, barrier from 3.7 (the image's).
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     _HAS_GLUON = True
 except ImportError:  # pragma: no cover - Triton without Gluon
     _HAS_GLUON = False
@@ -169,7 +171,7 @@ if _HAS_GLUON:
             p_smem.store(p.to(p_smem.dtype))
             alpha_smem.store(alpha_o)
             gl_fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
         else:
             l_part = l_part + p
         return m_i, m_use, l_part, acc
@@ -288,7 +290,7 @@ if _HAS_GLUON:
         acc = acc * alpha_o[None, :]
         p_smem.store(p.to(p_smem.dtype))
         gl_fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
         o_tok = gl_wgmma(kv_i.permute((1, 0)), p_smem, acc, is_async=True)
         acc = gl_wgmma_wait(0, deps=[o_tok])
         return m_new, l_part, acc
@@ -335,7 +337,7 @@ if _HAS_GLUON:
             if not LATE_ISSUE:
                 # Every warp is past tile i-1's MMAs: its buffer may be refilled now,
                 # so NBUF tiles are in flight while tile i is awaited.
-                gl.thread_barrier()
+                _cta_barrier()
                 _sm90_issue_tile(
                     kv_smem.index(nb), kpe_smem.index(nb), kv_ptr, sg_next, sr_next,
                     PAGE, stride_kvb, stride_kvs, cols_g, cols_r, DV,
@@ -351,7 +353,7 @@ if _HAS_GLUON:
             else:
                 gl_cp.wait_group(NBUF - 1)  # this thread's copies of tile i have landed
             gl_fence_async_shared()  # cp.async writes -> wgmma (async proxy) reads
-            gl.thread_barrier()  # ... and every other thread's
+            _cta_barrier()  # ... and every other thread's
             buf = i % NBUF
             kv_i = kv_smem.index(buf)
             s_tok = gl_wgmma(kv_i, q_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -458,7 +460,7 @@ if _HAS_GLUON:
                 s, ss, qk_scale, m_i, l_part, acc, kv_i, p_smem, O_LAYOUT, LATE_SUM
             )
             # Both warpgroups' p.V have read the buffer (and p): it may be refilled.
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(empty_bars.index(buf))
         return m_i, l_part, acc
 
@@ -509,7 +511,7 @@ if _HAS_GLUON:
                 # one barrier; both halves read back in s's row layout. The p barrier
                 # below orders this tile's reads before the next tile's store.
                 red_smem.store(gl.max(gl.reshape(s, [BLOCK_H, 2, BLOCK_N // 2]), 2))
-                gl.thread_barrier()
+                _cta_barrier()
                 # [BLOCK_H, 2] in s's layout: both halves in each thread, no shuffle.
                 m_new = gl.maximum(m_i, gl.max(red_smem.load(S_LAYOUT), 1))
             else:
@@ -522,10 +524,10 @@ if _HAS_GLUON:
             acc = acc * alpha_o[:, None]
             p_smem.store(p.to(p_smem.dtype))
             gl_fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
             o_tok = gl_wgmma(p_smem, kv_i, acc, is_async=True)
             acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()  # both warpgroups' p.v have read the buffer (and p)
+            _cta_barrier()  # both warpgroups' p.v have read the buffer (and p)
             mbarrier.arrive(empty_bars.index(buf))
             m_i = m_new
         return m_i, l_part, acc
@@ -541,7 +543,7 @@ if _HAS_GLUON:
     ):  # fmt: skip
         """MMA warps (the default partition): q to shared memory, then the tile loop."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
-        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        _cta_barrier()  # every warp's part of q is stored (fenced after the first wait)
         if HEAD_MAJOR:
             m_i, l_part, acc = _sm90_ws_loop_hm(
                 q_smem, qpe_smem, kv_smem, kpe_smem, p_smem, slot_smem, full_bars, empty_bars,
@@ -766,7 +768,7 @@ if _HAS_GLUON:
         handed over the same way, and this half of o and lse stored. lse_smem and
         CLUSTER2 only share the KV-major partitions' signature (no clusters here)."""
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
-        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        _cta_barrier()  # every warp's part of q is stored (fenced after the first wait)
         cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -792,7 +794,7 @@ if _HAS_GLUON:
             p_smem.store(p.to(p_smem.dtype))
             alpha_smem.store(alpha_o)
             gl_fence_async_shared()
-            gl.thread_barrier()  # all of p (and alpha) is stored
+            _cta_barrier()  # all of p (and alpha) is stored
             mbarrier.arrive(p_full)
             o_tok = gl_wgmma(p_smem, kv_i.slice(0, DV // 2, 1), acc, is_async=True)
             acc = gl_wgmma_wait(0, deps=[o_tok])
@@ -802,7 +804,7 @@ if _HAS_GLUON:
         inv = gl.convert_layout(inv, gl.SliceLayout(1, O_LAYOUT))
         mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
         alpha_smem.store(inv)
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(p_full)
         _sm90_hm1_store(
             acc * inv[:, None], lse2, 0, hb, t, sp, H, NUM_SPLITS, o_ptr, lse_ptr, po_ptr,
@@ -832,7 +834,7 @@ if _HAS_GLUON:
             o_tok = gl_wgmma(p_smem, kv_smem.index(buf).slice(DV // 2, DV // 2, 1), acc,
                              is_async=True)  # fmt: skip
             acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()  # every thread has read alpha
+            _cta_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
         mbarrier.wait(p_full, n_tiles & 1)
@@ -856,7 +858,7 @@ if _HAS_GLUON:
         straight from the MMA layout."""
         if DIRECT:
             stage_smem.store(out.to(stage_smem.dtype))
-            gl.thread_barrier()
+            _cta_barrier()
             st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
             out = stage_smem.load(st_layout)
             offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
@@ -891,7 +893,7 @@ if _HAS_GLUON:
         unscaled, as soon as the loop ends."""
         _sm90_per_thread(_VOTE_DECL_ASM, 4)
         _sm90_load_q(q_smem, qpe_smem, q_tok, hb * BLOCK_H, H, stride_qh, BLOCK_H, DV, DR, 4)
-        gl.thread_barrier()  # every warp's part of q is stored (fenced after the first wait)
+        _cta_barrier()  # every warp's part of q is stored (fenced after the first wait)
         rows_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, S_LAYOUT))
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(0, S_LAYOUT))
@@ -940,7 +942,7 @@ if _HAS_GLUON:
             mbarrier.wait(p_empty, (n_tiles & 1) ^ 1)  # the last tile's alpha has been read
             alpha_smem.store(inv)
             lse_smem.store(lse2)
-            gl.thread_barrier()
+            _cta_barrier()
             mbarrier.arrive(p_full)
         if CLUSTER2:  # after the hand-over, which overlaps the remote stores' drain
             if sp == 1:
@@ -980,7 +982,7 @@ if _HAS_GLUON:
             kv_t = kv_smem.index(buf).slice(DV // 2, DV // 2, 1).permute((1, 0))
             o_tok = gl_wgmma(kv_t, p_smem, acc, is_async=True)
             acc = gl_wgmma_wait(0, deps=[o_tok])
-            gl.thread_barrier()  # every thread has read alpha
+            _cta_barrier()  # every thread has read alpha
             mbarrier.arrive(p_empty)
             mbarrier.arrive(empty_bars.index(buf))
         if CLUSTER2 and sp == 0:  # split 0 keeps the first half: send this one, unscaled
@@ -1042,7 +1044,7 @@ if _HAS_GLUON:
         """One warpgroup's half of o (oT [256, BLOCK_H], columns c0 ..) in o's dtype
         through its half of q's buffer (free after the last q . kT) into 16-byte runs."""
         stage_smem.store(gl.permute(o.to(stage_smem.dtype), (1, 0)))
-        gl.thread_barrier()
+        _cta_barrier()
         st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         v = stage_smem.load(st_layout)
         offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_layout))
