@@ -210,6 +210,10 @@ def run_checks() -> None:
     def _() -> str:
         return sm120_fitness_of_the_installed_kernel()
 
+    @check("the SM90 Gluon sparse-MLA builds compile with the image's Triton (sm_90a)")
+    def _() -> str:
+        return sm90_gluon_builds_compile()
+
     @check("check-gguf passes on a tiny GLM-5 GGUF")
     def _() -> str:
         return check_gguf_on_a_tiny_glm5()
@@ -342,6 +346,28 @@ def sm120_fitness_of_the_installed_kernel() -> str:
         f"triton {triton.__version__}: {len(rows)} builds, max shared {worst.shared} B "
         f"({worst.name}), no stack or local"
     )
+
+
+def sm90_gluon_builds_compile() -> str:
+    """Every Gluon config an H100/H200 launches, compiled for sm_90a by the image's Triton:
+    the device machine's Triton is not the image's, and Gluon's API moves between
+    releases (3.7 renamed thread_barrier)."""
+    sys.path.insert(0, str(CHECKS / "tests" / "kernels"))
+    import sm120_fitness
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    mod = importlib.import_module("vllm.v1.attention.ops.triton_sparse_mla")
+    assert mod._HAS_GLUON, "the image's Triton has no Gluon"
+    cfgs = [c for c in mod._CONFIGS_BIG.values() if c.gluon]
+    for cfg in cfgs:
+        constexprs = mod._sm90_constexprs(cfg, False, cfg.pdl, cfg.cluster_merge)
+        sm120_fitness.compile_build(
+            mod._sparse_mla_split_kernel_sm90, constexprs, {"num_warps": cfg.num_warps},
+            target=GPUTarget("cuda", 90, 32), source=GluonASTSource,
+        )  # fmt: skip
+    return f"triton {triton.__version__}: {len(cfgs)} Gluon builds"
 
 
 def check_gguf_on_a_tiny_glm5() -> str:
