@@ -2,8 +2,9 @@
 
 The kernel is a public module (triton_sparse_mla.py: the API, the config tables, the
 choice) and one module a kernel family beside it (triton_sparse_mla_triton.py, portable;
-triton_sparse_mla_sm90.py, Gluon), joined by relative imports. They are imported as a
-package of their own name here, so each name is an instance with its own build caches.
+triton_sparse_mla_sm90.py and triton_sparse_mla_sm120.py, Gluon), joined by relative
+imports. They are imported as a package of their own name here, so each name is an
+instance with its own build caches.
 
 With SPARSE_MLA_STANDIN=sm120 (`make test-kernels`' second pass on a GPU machine) the
 module handed out is the SM120 stand-in (sm120_standin.py): the same tests then run the
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO / "patches/vllm/files/vllm/v1/attention/ops"
 PUBLIC = "triton_sparse_mla"
 # The public module first, then the families (kernel_variants.py bundles them in this order).
-KERNEL_FILES = (f"{PUBLIC}.py", f"{PUBLIC}_triton.py", f"{PUBLIC}_sm90.py")
+KERNEL_FILES = (f"{PUBLIC}.py", f"{PUBLIC}_triton.py", f"{PUBLIC}_sm90.py", f"{PUBLIC}_sm120.py")
 KERNEL_PATH = KERNEL_DIR / KERNEL_FILES[0]
 PACKAGE = "frontier_triton_sparse_mla"
 STANDIN_ENV = "SPARSE_MLA_STANDIN"

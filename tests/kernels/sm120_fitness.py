@@ -22,6 +22,7 @@ import triton
 from kernel_loader import load_kernel_module
 from sm120_standin import SM120_MAJOR, SM120_SMEM_PER_BLOCK
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
 
 SM120 = GPUTarget("cuda", 120, 32)
 SM120_SMEM_LIMIT = SM120_SMEM_PER_BLOCK  # 99 KiB, the opt-in maximum a block gets on SM120
@@ -122,20 +123,22 @@ def compile_resources(
     options: dict[str, int],
     kv_dtype: str = "bf16",
     target: GPUTarget = SM120,
+    source: type = triton.compiler.ASTSource,
 ) -> Resources:
     """Compile one specialisation (q in bf16) for `target` and read its resources."""
-    k, use = compile_build(fn, constexprs, options, kv_dtype, target)
+    k, use = compile_build(fn, constexprs, options, kv_dtype, target, source)
     # metadata.shared is what the launch asks for; cuobjdump's SHARED is the static part.
     shared = max(int(k.metadata.shared), use.get("SHARED", 0))
     return Resources(name, shared, use["REG"], use.get("STACK", 0), use.get("LOCAL", 0))
 
 
-Variant = tuple[str, bool, dict[str, object], dict[str, int], str]
+# (name, kernel: "split", "merge" or "gluon120", constexprs, compile options, kv dtype)
+Variant = tuple[str, str, dict[str, object], dict[str, int], str]
 
 
 def sm120_variants(mod: ModuleType) -> list[Variant]:
     """Every kernel build that sparse_mla_fwd can launch on a 99 KiB part:
-    (name, is_merge, constexprs, compile options, kv dtype)."""
+    (name, kernel, constexprs, compile options, kv dtype)."""
     out: list[Variant] = []
     pdl_modes: set[bool] = set()
     # 188 SMs: an RTX PRO 6000; 132: the H100/H200 the stand-in (sm120_standin.py) runs on.
@@ -155,6 +158,16 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
         builds = {dataclasses.replace(c, per_sm=0): None for c in sorted(cfgs, key=repr)}
         for cfg in builds:
             for direct in (True, False):
+                mode = "direct" if direct else "partial"
+                if not direct:
+                    pdl_modes.add(cfg.pdl)
+                if cfg.gluon120:  # the SM120 family (Gluon), bf16/fp16 KV only
+                    ce = mod._sm120_constexprs(cfg, direct, cfg.pdl and not direct)
+                    shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps}+{cfg.producer_warps}"
+                    shape += f" s{cfg.num_stages}" + (" q" if cfg.hold_q else "")
+                    name = f"gluon120 {shape} {kv_dtype} {mode}"
+                    out.append((name, "gluon120", ce, {"num_warps": cfg.num_warps}, kv_dtype))
+                    continue
                 ce = {
                     "BLOCK_H": cfg.block_h,
                     "BLOCK_N": cfg.block_n,
@@ -168,26 +181,28 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                 }
                 shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
                 shape += " ahead" if cfg.idx_ahead else ""
-                mode = "direct" if direct else "partial"
                 name = f"split {shape} {kv_dtype} {mode}"
-                out.append((name, False, ce, cfg.launch_options(), kv_dtype))
-                if not direct:
-                    pdl_modes.add(cfg.pdl)
+                out.append((name, "split", ce, cfg.launch_options(), kv_dtype))
     # The merge waits on the split grid (USE_PDL) exactly when its split config has pdl.
     for splits in (2, 4, 8, 16, 32, 64, 128, 256):
         block_s, block_d, warps = mod.merge_shape(splits)
         for pdl in sorted(pdl_modes):
             ce = {"BLOCK_S": block_s, "BLOCK_D": block_d, "DV": mod.D_LATENT, "USE_PDL": pdl}
             name = f"merge s{block_s} d{block_d} w{warps}" + (" pdl" if pdl else "")
-            out.append((name, True, ce, {"num_warps": warps}, "bf16"))
+            out.append((name, "merge", ce, {"num_warps": warps}, "bf16"))
     return out
 
 
 def sm120_table(mod: ModuleType) -> list[Resources]:
     rows = []
-    for name, is_merge, ce, options, kv_dtype in sm120_variants(mod):
-        fn = mod._sparse_mla_merge_kernel if is_merge else mod._sparse_mla_split_kernel
-        rows.append(compile_resources(fn, ce, name, options, kv_dtype))
+    for name, kernel, ce, options, kv_dtype in sm120_variants(mod):
+        if kernel == "gluon120":
+            fn, source = mod._sparse_mla_split_kernel_sm120, GluonASTSource
+        elif kernel == "merge":
+            fn, source = mod._sparse_mla_merge_kernel, triton.compiler.ASTSource
+        else:
+            fn, source = mod._sparse_mla_split_kernel, triton.compiler.ASTSource
+        rows.append(compile_resources(fn, ce, name, options, kv_dtype, source=source))
     return rows
 
 

@@ -140,6 +140,10 @@ def _install(mod: ModuleType) -> ModuleType:
     )
     mod._device_info = lambda device: info
     mod._sparse_mla_split_kernel = _StandInLaunch(mod._sparse_mla_split_kernel, host_smem)
+    if hasattr(mod, "_sparse_mla_split_kernel_sm120"):  # the SM120 Gluon family
+        mod._sparse_mla_split_kernel_sm120 = _StandInLaunch(
+            mod._sparse_mla_split_kernel_sm120, host_smem
+        )
     mod.STANDIN = "sm120"
     return mod
 

@@ -501,6 +501,53 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
     run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
 
 
+# The SM120 Gluon family (mma.sync, producer warps, mbarrier stages): every shape the
+# sweep times and the table launches. It runs on SM90 too, so both passes test it.
+SM120_CFGS = list(dict.fromkeys([
+    mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
+                        producer_warps=pw, hold_q=hq)
+    for h, n, st, pw, hq in [(16, 32, 2, 2, False), (16, 16, 4, 2, False), (16, 16, 3, 4, False),
+                             (32, 16, 3, 2, False), (32, 32, 2, 4, False), (16, 32, 2, 4, True),
+                             (16, 32, 2, 2, True)]
+] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SM120_CFGS, ids=repr)
+@pytest.mark.parametrize(
+    "t,h,topk,num_splits",
+    [(2, 20, 200, 1), (2, 20, 448, 3), (3, 32, 2048, 4), (3, 8, 2048, 2), (2, 8, 448, 7),
+     (1, 16, 2048, 64)],
+)
+def test_gluon_sm120(cfg: object, t: int, h: int, topk: int, num_splits: int) -> None:
+    # Head blocks that overhang H, a ragged last tile, holes, an empty tail, page size 64,
+    # and splits of one tile (a lone token's split-K).
+    q, kv, idx = make_inputs(t, h, topk, num_blocks=max(8, 2 * topk // 64))
+    idx[-1, 64:100] = -1
+    idx[0, topk // 2 :] = -1
+    if STANDIN and cfg.smem_estimate() > mod.SMALL_SMEM_BYTES:  # refused as on SM120
+        with pytest.raises(OutOfResources):
+            mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+        return
+    run_checked(q, kv, idx, 0.05, config=cfg, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        mod.SparseMLAConfig(8, 16, 4, 2, gluon120=True, producer_warps=2),  # 16-head groups
+        mod.SparseMLAConfig(16, 64, 4, 2, gluon120=True, producer_warps=2),  # 64 rows: no fit
+        mod.SparseMLAConfig(32, 16, 4, 2, gluon120=True, producer_warps=2),  # 4 warps a group
+        mod.SparseMLAConfig(16, 16, 4, 2, gluon120=True),  # no producer warps
+    ],
+    ids=repr,
+)
+def test_sm120_config_without_a_build_is_refused(cfg: object) -> None:
+    q, kv, idx = make_inputs(8, 16, 128, num_blocks=8)
+    with pytest.raises(ValueError, match="no SM120 Gluon sparse-MLA build"):
+        mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
+
+
 @pytest.mark.parametrize(
     "cfg",
     [

@@ -34,6 +34,7 @@ from .triton_sparse_mla_sm90 import (  # noqa: F401 (LAZY_MAX_SLACK: the tests r
     _XCHG_BYTES,
     LAZY_MAX_SLACK,
 )
+from .triton_sparse_mla_sm120 import _HAS_GLUON_SM120
 from .triton_sparse_mla_triton import (
     _HAS_GDC,
     D_LATENT,
@@ -45,6 +46,8 @@ from .triton_sparse_mla_triton import (
 
 if _HAS_GLUON:
     from .triton_sparse_mla_sm90 import _sm90_constexprs, _sparse_mla_split_kernel_sm90
+if _HAS_GLUON_SM120:
+    from .triton_sparse_mla_sm120 import _sm120_constexprs, _sparse_mla_split_kernel_sm120
 
 # SM120 (RTX PRO 6000 Blackwell) and SM8x allow 99 KiB of shared memory a block.
 SMALL_SMEM_BYTES = 101376
@@ -90,6 +93,11 @@ class SparseMLAConfig:
     # distributed shared memory (no partials in global memory, no merge kernel). With
     # s_by_one each warpgroup's half of oT is one split's half of o's columns.
     cluster_merge: bool = False
+    # The SM120 family (triton_sparse_mla_sm120.py): Gluon with mma.sync, producer_warps
+    # gathering into num_stages mbarrier-guarded stages; block_h 16 or 32 (4 MMA warps a
+    # 16 heads), block_n 16 or 32. Runs on compute capability >= 9 (mbarrier try_wait).
+    gluon120: bool = False
+    hold_q: bool = False  # SM120 family: q in registers for the whole loop
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -104,6 +112,10 @@ class SparseMLAConfig:
         buffered; q and p go through shared memory on the way to the MMA.
         """
         kv_tile = self.block_n * D_QK * kv_bytes
+        if self.gluon120:  # stages and their slots, q, p, barriers (from sm_120a builds)
+            bufs = self.num_stages * (kv_tile + 4 * self.block_n + 16)
+            q_tile = 0 if self.hold_q else self.block_h * D_QK * 2
+            return bufs + q_tile + self.block_h * self.block_n * 2 + 2 * 1024
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
             p_tile = self.block_n * self.block_h * 2
             bufs = self.num_stages * (kv_tile + 4 * self.block_n)  # + the slots (producer warps)
@@ -180,6 +192,11 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
 # `make bench-kernels-sm120 BENCH_ARGS=--sweep`), among builds that fit sm_120a with no
 # spills (docs/sparse-mla-kernel-journal.md, "SM120 stand-in").
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
+    # The SM120 Gluon family from two tokens, up to 32 heads (32 as two head blocks):
+    # producer warps keep two 32-row stages in flight while 4 MMA warps run mma.sync.
+    "g120_h16n32": SparseMLAConfig(
+        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4
+    ),
     # A lone token: 37 KiB, two programs per SM, so split-K makes 2 x SMs programs.
     "h16_n16_p2": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
     # Everything else up to 32 heads (32 as two head blocks, the second reading the rows
@@ -286,6 +303,8 @@ def candidate_configs(
             order = ["h16_n16_p2", "h16_n32"]
         elif num_heads > 32 and num_tokens >= 16:
             order = ["h32_n32", "h16_n32"]
+        elif _HAS_GLUON_SM120 and info.major >= 12 and num_tokens >= 2:
+            order = ["g120_h16n32", "h16_n32", "h16_n16_p2"]
         else:
             order = ["h16_n32", "h16_n16_p2"]
     cfgs = [table[n] for n in order if table[n].smem_estimate(kv_bytes) <= info.smem_bytes]
@@ -503,7 +522,32 @@ def _launch(
     pdl_wait = cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     pdl = not direct and not cluster and pdl_wait
     grid = (num_tokens * num_splits * num_hblk,)
-    if cfg.gluon:  # a config with no build is refused on any machine
+    if cfg.gluon120:
+        if (
+            cfg.gluon
+            or cfg.block_h not in (16, 32)
+            or cfg.block_n not in (16, 32)
+            or cfg.num_warps != 4 * (cfg.block_h // 16)
+            or cfg.producer_warps not in (1, 2, 4)
+        ):
+            raise ValueError(f"no SM120 Gluon sparse-MLA build for {cfg}")
+        if not (_HAS_GLUON_SM120 and info.major >= 9) or interpret:
+            raise ValueError("the SM120 Gluon sparse-MLA kernel needs an SM90 or newer GPU")
+        if kv_cache.dtype != q.dtype:
+            raise ValueError("the SM120 Gluon sparse-MLA kernel reads KV in q's dtype")
+        build = _sparse_mla_split_kernel_sm120[grid](
+            q, kv_cache, indices, out, lse, po, plse,
+            qk_scale, kv_scale,
+            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
+            q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1),
+            indices.stride(0),
+            out.stride(0), out.stride(1),
+            lse.stride(0), lse.stride(1),
+            **_sm120_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
+            **({"launch_pdl": True} if pdl_wait else {}),
+        )  # fmt: skip
+    elif cfg.gluon:  # a config with no build is refused on any machine
         if (
             cfg.block_n != 64
             or cfg.num_warps % 4

@@ -31,7 +31,7 @@ try:  # Gluon (explicit shared memory, cp.async and wgmma): the SM90 kernel belo
     # The CTA-wide barrier: thread_barrier in Triton 3.6, barrier from 3.7 (the image's).
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     _HAS_GLUON = True
-except ImportError:  # pragma: no cover - Triton without Gluon
+except (ImportError, AttributeError):  # pragma: no cover - Triton without (this) Gluon
     _HAS_GLUON = False
 
 # cluster_merge's exchange buffer (static shared memory; its layout is in the kernel):

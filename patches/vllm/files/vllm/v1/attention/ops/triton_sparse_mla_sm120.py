@@ -1,0 +1,328 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sparse MLA, the SM120 family: a Gluon kernel built from the Ampere-family operations
+that SM120 (RTX PRO 6000 Blackwell) has: producer warps gathering by cp.async into a
+ring of mbarrier-guarded stages, mma.sync (m16n8k16) fed by ldmatrix (docs/sparse-mla-kernel.md).
+
+Why a kernel of its own: the portable Triton kernel issues its gathers and both products
+from one partition with at most two tiles in flight, and at SM120's one program a SM the
+gathers wait on the products. Here the producers refill each stage as soon as the MMA
+warps release it, so the stages stay in flight while the products run.
+
+Only triton_sparse_mla.py chooses and launches it. Imports Triton's Gluon only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .triton_sparse_mla_triton import D_LATENT, D_ROPE
+
+if TYPE_CHECKING:  # annotations only: the public module imports this one
+    from .triton_sparse_mla import SparseMLAConfig
+
+try:  # Gluon's Ampere-family operations (Triton >= 3.5)
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as gl_cp
+    from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
+
+    # The CTA-wide barrier: thread_barrier in Triton 3.6, barrier from 3.7 (the image's).
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # cp.async into shared memory: async_copy_global_to_shared up to 3.8, async_load after.
+    _cp_async = getattr(gl_cp, "async_load", None) or gl_cp.async_copy_global_to_shared
+    _HAS_GLUON_SM120 = True
+except (ImportError, AttributeError):  # pragma: no cover - Triton without (this) Gluon
+    _HAS_GLUON_SM120 = False
+
+# q.kT in chunks of this many latent columns: one chunk's operands in registers at a time.
+QK_CHUNK = 64
+# The MMA's k: p.V runs over the tile's rows in steps of this many.
+MMA_K = 16
+
+
+if _HAS_GLUON_SM120:
+
+    @gluon.jit
+    def _sm120_gather(
+        kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        PAGE, stride_kvb, stride_kvs,
+        BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
+        P_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Producer warps: tile i's slots and rows into stage i % NBUF once the MMA warps
+        have released it; each thread's copies complete the stage's full barrier
+        (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads). Slots
+        < 0 copy nothing; the MMA warps mask those rows' scores."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+        i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
+        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
+        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
+        sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
+        for i in range(0, n_tiles):
+            # The next tile's slots load while this one waits for its stage.
+            n1 = start + (i + 1) * BLOCK_N
+            sg_next = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
+            sr_next = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
+            b = i % NBUF
+            mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
+            n0 = n1 - BLOCK_N
+            _cp_async(
+                slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
+            )
+            # Slots are int32 (block * block_size + offset): divide in 32 bits, widen after.
+            vg = sg >= 0
+            s0 = gl.where(vg, sg, 0)
+            bg = s0 // PAGE
+            off_g = (s0 - bg * PAGE).to(gl.int64) * stride_kvs
+            row_g = kv_ptr + bg.to(gl.int64) * stride_kvb + off_g
+            _cp_async(
+                kv_smem.index(b), row_g[:, None] + cols_g[None, :], mask=vg[:, None]
+            )
+            vr = sr >= 0
+            s1 = gl.where(vr, sr, 0)
+            br = s1 // PAGE
+            off_r = (s1 - br * PAGE).to(gl.int64) * stride_kvs
+            row_r = kv_ptr + br.to(gl.int64) * stride_kvb + off_r
+            _cp_async(
+                kpe_smem.index(b), row_r[:, None] + DV + cols_r[None, :], mask=vr[:, None]
+            )
+            gl_cp.mbarrier_arrive(full_bars.index(b), increment_count=False)
+            sg = sg_next
+            sr = sr_next
+
+    @gluon.jit
+    def _sm120_load_q(
+        q_smem, qpe_smem, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NUM_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Heads h0 .. h0 + BLOCK_H of one token's q into shared memory (zeros past H)."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+        offs_hg = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, g_layout))
+        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
+        q_c = gl.load(
+            q_tok + offs_hg[:, None] * stride_qh + cols_g[None, :],
+            mask=(offs_hg < H)[:, None], other=0.0,
+        )  # fmt: skip
+        q_smem.store(q_c)
+        offs_hr = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, r_layout))
+        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
+        q_pe = gl.load(
+            q_tok + offs_hr[:, None] * stride_qh + DV + cols_r[None, :],
+            mask=(offs_hr < H)[:, None], other=0.0,
+        )  # fmt: skip
+        qpe_smem.store(q_pe)
+        _cta_barrier()
+
+    @gluon.jit
+    def _sm120_q_operand(
+        q_tok, h0, H, stride_qh, col0, BLOCK_H: gl.constexpr, KC: gl.constexpr,
+        A: gl.constexpr,
+    ):  # fmt: skip
+        """Columns col0 .. col0 + KC of the head block's q, loaded from global memory
+        straight into the MMA's A-operand registers (zeros past H)."""
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, A))
+        cols = col0 + gl.arange(0, KC, layout=gl.SliceLayout(0, A))
+        return gl.load(
+            q_tok + offs_h[:, None] * stride_qh + cols[None, :],
+            mask=(offs_h < H)[:, None], other=0.0,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _sm120_q_chunks(
+        q_tok, h0, H, stride_qh, BLOCK_H: gl.constexpr, KC: gl.constexpr, A: gl.constexpr
+    ):
+        """q's latent part as eight KC-column A operands in registers (KC = 64)."""
+        return (
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 0 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 1 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 2 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 3 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 4 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 5 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 6 * KC, BLOCK_H, KC, A),
+            _sm120_q_operand(q_tok, h0, H, stride_qh, 7 * KC, BLOCK_H, KC, A),
+        )
+
+    @gluon.jit
+    def _sm120_mma(
+        q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars, empty_bars,
+        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr,
+        HOLD_Q: gl.constexpr, L: gl.constexpr,
+    ):  # fmt: skip
+        """MMA warps, head-major: per tile s = q.kvT [BLOCK_H, BLOCK_N] in KC-column
+        chunks, the online softmax in base 2, and o += p.V over the rows in MK steps.
+        s and o share one MMA layout, so alpha needs no conversion. q is loaded here, so
+        the producers' first gathers go out meanwhile; HOLD_Q keeps it in registers (144
+        a thread at 16 heads) instead of re-reading it from shared memory every tile."""
+        A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L, k_width=2)
+        B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=L, k_width=2)
+        if HOLD_Q:  # no q in shared memory at all
+            gl.static_assert(KC * 8 == DV)
+            q_regs = _sm120_q_chunks(q_tok, h0, H, stride_qh, BLOCK_H, KC, A)
+            qpe_regs = _sm120_q_operand(q_tok, h0, H, stride_qh, DV, BLOCK_H, DR, A)
+        else:
+            _sm120_load_q(q_smem, qpe_smem, q_tok, h0, H, stride_qh, BLOCK_H, DV, DR, NUM_WARPS)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, L))
+        # Row sums per element until the end: no reduction across the warps per tile.
+        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=L)
+        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        for i in range(0, n_tiles):
+            b = i % NBUF
+            mbarrier.wait(full_bars.index(b), (i // NBUF) & 1)
+            kv = kv_smem.index(b)
+            s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+            for c in gl.static_range(DV // KC):
+                if HOLD_Q:  # noqa: SIM108 - constexpr branches
+                    qa = q_regs[c]
+                else:
+                    qa = q_smem.slice(c * KC, KC, dim=1).load(A)
+                s = mma_v2(qa, kv.slice(c * KC, KC, dim=1).permute((1, 0)).load(B), s)
+            if HOLD_Q:  # noqa: SIM108 - constexpr branches
+                qpe = qpe_regs
+            else:
+                qpe = qpe_smem.load(A)
+            s = mma_v2(qpe, kpe_smem.index(b).permute((1, 0)).load(B), s)
+            ss = slot_smem.index(b).load(gl.SliceLayout(0, L))
+            ok = (ss >= 0) & (start + i * BLOCK_N + cols_s < end)
+            s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            # A row with nothing valid yet keeps m = -inf; subtract 0 instead (no NaN).
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_part = l_part * alpha[:, None] + p
+            acc = acc * alpha[:, None]
+            # Every warp needs all of p as its A operand: through shared memory (the
+            # previous tile's p was read before the barrier that ended its step).
+            p_smem.store(p.to(p_smem.dtype))
+            _cta_barrier()
+            for kc in gl.static_range(0, BLOCK_N, MK):
+                pa = p_smem.slice(kc, MK, dim=1).load(A)
+                acc = mma_v2(pa, kv.slice(kc, MK, dim=0).load(B), acc)
+            m_i = m_new
+            _cta_barrier()  # every MMA warp is done with the stage (and with p)
+            mbarrier.arrive(empty_bars.index(b))
+        return m_i, gl.sum(l_part, 1), acc
+
+    @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
+    def _sparse_mla_split_kernel_sm120(
+        q_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr, qk_scale, v_scale,
+        H, TOPK, SPLIT_LEN, NUM_SPLITS, NUM_HBLK, PAGE,
+        stride_qt, stride_qh, stride_kvb, stride_kvs, stride_it,
+        stride_ot, stride_oh, stride_lt, stride_lh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        DIRECT: gl.constexpr, NBUF: gl.constexpr, NUM_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, P_REGS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr,
+        HOLD_Q: gl.constexpr, USE_PDL: gl.constexpr, L: gl.constexpr,
+    ):  # fmt: skip
+        """One (token, head block, split) program: the portable split kernel's contract
+        (DIRECT: o and lse; else fp32 partials and base-2 lse for the merge kernel)."""
+        if USE_PDL:  # the merge's programs may launch now; they wait for this grid
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                dtype=gl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+        # Launched as a programmatic dependent: nothing global before the previous grid
+        # is done. A no-op otherwise.
+        gl.inline_asm_elementwise(
+            "griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+        )
+        pid = gl.program_id(0)
+        hb = pid % NUM_HBLK
+        rest = pid // NUM_HBLK
+        sp = rest % NUM_SPLITS
+        t = (rest // NUM_SPLITS).to(gl.int64)
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        # 16-byte vectors XOR-swizzled over 8 rows: ldmatrix (plain and transposed) and
+        # the 16-byte cp.async writes meet no bank conflicts.
+        sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
+        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl)
+        kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl)
+        # q in shared memory unless HOLD_Q (then a token allocation nothing touches)
+        QH: gl.constexpr = 1 if HOLD_Q else BLOCK_H
+        q_smem = gl.allocate_shared_memory(dtype, [QH, DV], sl)
+        qpe_smem = gl.allocate_shared_memory(dtype, [QH, DR], sl)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], sl)
+        slot_smem = gl.allocate_shared_memory(
+            gl.int32, [NBUF, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )
+        full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(NBUF):
+            mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
+            mbarrier.init(empty_bars.index(j), count=1)
+
+        start = sp * SPLIT_LEN
+        end = gl.minimum(start + SPLIT_LEN, TOPK)
+        idx_row = idx_ptr + t * stride_it
+        m_i, l_i, acc = gl.warp_specialize(
+            [
+                (
+                    _sm120_mma,
+                    (q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars,
+                     empty_bars, start, end, qk_scale, q_ptr + t * stride_qt, hb * BLOCK_H, H,
+                     stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, KC, MK, HOLD_Q, L),
+                ),
+                (
+                    _sm120_gather,
+                    (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
+                ),
+            ],
+            [P_WARPS],
+            [P_REGS],
+        )  # fmt: skip
+
+        has = l_i > 0.0
+        out = acc * (v_scale / gl.where(has, l_i, 1.0))[:, None]
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, L))
+        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, L))
+        mask_h = offs_h < H
+        if DIRECT:
+            o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
+            gl.store(
+                lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453,
+                mask=mask_h,
+            )  # fmt: skip
+        else:  # workspace rows are (t, h, split); lse stays in base 2 for the merge
+            row = (t * H + offs_h) * NUM_SPLITS + sp
+            po = out.to(po_ptr.dtype.element_ty)
+            gl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])
+            gl.store(plse_ptr + row, lse2, mask=mask_h)
+
+    def _sm120_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
+        """The SM120 kernel's compile-time arguments: 16-head groups of 4 warps stacked
+        along the heads, each warp a quarter of s's rows and of o's columns."""
+        groups = cfg.block_h // 16
+        layout = gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[groups, cfg.num_warps // groups], instr_shape=[16, 8]
+        )
+        return {
+            "BLOCK_H": cfg.block_h,
+            "BLOCK_N": cfg.block_n,
+            "DV": D_LATENT,
+            "DR": D_ROPE,
+            "DIRECT": direct,
+            "NBUF": cfg.num_stages,
+            "NUM_WARPS": cfg.num_warps,
+            "P_WARPS": cfg.producer_warps,
+            "P_REGS": cfg.producer_regs,
+            "KC": QK_CHUNK,
+            "MK": MMA_K,
+            "HOLD_Q": cfg.hold_q,
+            "USE_PDL": pdl,
+            "L": layout,
+        }
