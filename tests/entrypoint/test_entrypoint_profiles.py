@@ -44,7 +44,7 @@ def test_glm5(vllm_table) -> None:
         "--tensor-parallel-size": "8",
         "--max-model-len": "4096",
         "--gpu-memory-utilization": "0.90",
-        "--dtype": "float16",
+        "--dtype": "bfloat16",
         "--trust-remote-code": None,
         "--hf-overrides": '{"indexer_rope_interleave":true}',
         "--speculative-config": GLM5_SPEC,
