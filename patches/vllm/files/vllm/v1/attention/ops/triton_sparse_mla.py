@@ -522,6 +522,18 @@ def _launch(
     pdl_wait = cfg.pdl and _HAS_GDC and info.major >= 9 and not interpret
     pdl = not direct and not cluster and pdl_wait
     grid = (num_tokens * num_splits * num_hblk,)
+    # Every family's split kernel takes the same runtime arguments.
+    args = (
+        q, kv_cache, indices, out, lse, po, plse,
+        qk_scale, kv_scale,
+        num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
+        q.stride(0), q.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1),
+        indices.stride(0),
+        out.stride(0), out.stride(1),
+        lse.stride(0), lse.stride(1),
+    )  # fmt: skip
+    pdl_kw = {"launch_pdl": True} if pdl_wait else {}
     if cfg.gluon120:
         if (
             cfg.gluon
@@ -536,17 +548,8 @@ def _launch(
         if kv_cache.dtype != q.dtype:
             raise ValueError("the SM120 Gluon sparse-MLA kernel reads KV in q's dtype")
         build = _sparse_mla_split_kernel_sm120[grid](
-            q, kv_cache, indices, out, lse, po, plse,
-            qk_scale, kv_scale,
-            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
-            q.stride(0), q.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1),
-            indices.stride(0),
-            out.stride(0), out.stride(1),
-            lse.stride(0), lse.stride(1),
-            **_sm120_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps,
-            **({"launch_pdl": True} if pdl_wait else {}),
-        )  # fmt: skip
+            *args, **_sm120_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps, **pdl_kw
+        )
     elif cfg.gluon:  # a config with no build is refused on any machine
         if (
             cfg.block_n != 64
@@ -570,20 +573,7 @@ def _launch(
             raise ValueError("the Gluon sparse-MLA kernel needs an SM90 GPU")
         if kv_cache.dtype != q.dtype:
             raise ValueError("the Gluon sparse-MLA kernel reads KV in q's dtype")
-        args = (
-            q, kv_cache, indices, out, lse, po, plse,
-            qk_scale, kv_scale,
-            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
-            q.stride(0), q.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1),
-            indices.stride(0),
-            out.stride(0), out.stride(1),
-            lse.stride(0), lse.stride(1),
-        )  # fmt: skip
-        kw = dict(
-            _sm90_constexprs(cfg, direct, pdl, cluster), num_warps=cfg.num_warps,
-            **({"launch_pdl": True} if pdl_wait else {}),
-        )  # fmt: skip
+        kw = dict(_sm90_constexprs(cfg, direct, pdl, cluster), num_warps=cfg.num_warps, **pdl_kw)
         if cluster:
             if not _launch_in_pairs(args, kw, num_tokens):
                 # This Triton's launcher cannot be asked for clusters: the merge kernel.
@@ -596,20 +586,13 @@ def _launch(
         build = _sparse_mla_split_kernel_sm90[grid](*args, **kw)
     else:
         build = _sparse_mla_split_kernel[grid](
-            q, kv_cache, indices, out, lse, po, plse,
-            qk_scale, kv_scale,
-            num_heads, topk, split_len, num_splits, num_hblk, kv_cache.shape[1],
-            q.stride(0), q.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1),
-            indices.stride(0),
-            out.stride(0), out.stride(1),
-            lse.stride(0), lse.stride(1),
+            *args,
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DV=D_LATENT, DR=D_ROPE, DIRECT=direct,
             IDX_AHEAD=cfg.idx_ahead,
             USE_PDL=pdl,
             DOT_F32=interpret,
             PDL_WAIT=pdl_wait,
-            **({"launch_pdl": True} if pdl_wait else {}),
+            **pdl_kw,
             **cfg.launch_options(),
         )  # fmt: skip
     if not direct and not cluster:
