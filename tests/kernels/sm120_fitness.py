@@ -161,10 +161,11 @@ def sm120_variants(mod: ModuleType) -> list[Variant]:
                 mode = "direct" if direct else "partial"
                 if not direct:
                     pdl_modes.add(cfg.pdl)
-                if cfg.gluon120:  # the SM120 family (Gluon), bf16/fp16 KV only
+                if cfg.gluon120:  # the SM120 family (Gluon)
                     ce = mod._sm120_constexprs(cfg, direct, cfg.pdl and not direct)
                     shape = f"h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps}+{cfg.producer_warps}"
                     shape += f" s{cfg.num_stages}" + (" q" if cfg.hold_q else "")
+                    shape += f" r{cfg.producer_regs}"
                     name = f"gluon120 {shape} {kv_dtype} {mode}"
                     out.append((name, "gluon120", ce, {"num_warps": cfg.num_warps}, kv_dtype))
                     continue

@@ -113,7 +113,8 @@ class SparseMLAConfig:
         """
         kv_tile = self.block_n * D_QK * kv_bytes
         if self.gluon120:  # stages and their slots, q, p, barriers (from sm_120a builds)
-            bufs = self.num_stages * (kv_tile + 4 * self.block_n + 16)
+            # The stages hold q's dtype: an fp8 cache is widened on its way in.
+            bufs = self.num_stages * (self.block_n * D_QK * 2 + 4 * self.block_n + 16)
             q_tile = 0 if self.hold_q else self.block_h * D_QK * 2
             return bufs + q_tile + self.block_h * self.block_n * 2 + 2 * 1024
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
@@ -196,6 +197,11 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
     # producer warps keep two 32-row stages in flight while 4 MMA warps run mma.sync.
     "g120_h16n32": SparseMLAConfig(
         16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4
+    ),
+    # The same over an e4m3 cache: the producers widen the rows through registers (two
+    # tiles in flight a thread: 168 registers, no spills).
+    "g120_h16n32_fp8": SparseMLAConfig(
+        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4, producer_regs=168
     ),
     # A lone token: 37 KiB, two programs per SM, so split-K makes 2 x SMs programs.
     "h16_n16_p2": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
@@ -296,14 +302,17 @@ def candidate_configs(
             order = ["h16_n32", "h16_n64"]
     else:
         table = _CONFIGS_SMALL
-        if kv_bytes == 1:
+        g120 = _HAS_GLUON_SM120 and info.major >= 12 and num_tokens >= 2
+        if kv_bytes == 1 and g120 and num_heads <= 32:
+            order = ["g120_h16n32_fp8", "h16_n16_p2_fp8", "h16_n16_fp8"]
+        elif kv_bytes == 1:
             wide = num_heads > 16 and num_tokens >= 16
             order = ["h32_n32_fp8" if wide else "h16_n16_p2_fp8", "h16_n16_fp8"]
         elif alone:
             order = ["h16_n16_p2", "h16_n32"]
         elif num_heads > 32 and num_tokens >= 16:
             order = ["h32_n32", "h16_n32"]
-        elif _HAS_GLUON_SM120 and info.major >= 12 and num_tokens >= 2:
+        elif g120:
             order = ["g120_h16n32", "h16_n32", "h16_n16_p2"]
         else:
             order = ["h16_n32", "h16_n16_p2"]
@@ -545,8 +554,8 @@ def _launch(
             raise ValueError(f"no SM120 Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON_SM120 and info.major >= 9) or interpret:
             raise ValueError("the SM120 Gluon sparse-MLA kernel needs an SM90 or newer GPU")
-        if kv_cache.dtype != q.dtype:
-            raise ValueError("the SM120 Gluon sparse-MLA kernel reads KV in q's dtype")
+        if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
+            raise ValueError("the SM120 Gluon sparse-MLA kernel reads KV in q's dtype or e4m3")
         build = _sparse_mla_split_kernel_sm120[grid](
             *args, **_sm120_constexprs(cfg, direct, pdl), num_warps=cfg.num_warps, **pdl_kw
         )

@@ -30,6 +30,8 @@ try:  # Gluon's Ampere-family operations (Triton >= 3.5)
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
     # cp.async into shared memory: async_copy_global_to_shared up to 3.8, async_load after.
     _cp_async = getattr(gl_cp, "async_load", None) or gl_cp.async_copy_global_to_shared
+    # A shared-memory view with another dtype: _reinterpret up to 3.8, reinterpret after.
+    _VIEW_NEW = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
     _HAS_GLUON_SM120 = True
 except (ImportError, AttributeError):  # pragma: no cover - Triton without (this) Gluon
     _HAS_GLUON_SM120 = False
@@ -49,7 +51,27 @@ if _HAS_GLUON_SM120:
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
         P_WARPS: gl.constexpr,
     ):  # fmt: skip
-        """Producer warps: tile i's slots and rows into stage i % NBUF once the MMA warps
+        """Producer warps: by cp.async from a cache in q's dtype, through registers
+        (widened) from an fp8 one."""
+        if kv_ptr.dtype.element_ty == kv_smem.dtype:
+            _sm120_gather_cp(
+                kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
+                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+            )  # fmt: skip
+        else:
+            _sm120_gather_widen(
+                kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
+                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _sm120_gather_cp(
+        kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        PAGE, stride_kvb, stride_kvs,
+        BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
+        P_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Producer warps, cp.async: tile i's slots and rows into stage i % NBUF once the MMA warps
         have released it; each thread's copies complete the stage's full barrier
         (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads). Slots
         < 0 copy nothing; the MMA warps mask those rows' scores."""
@@ -95,6 +117,130 @@ if _HAS_GLUON_SM120:
             gl_cp.mbarrier_arrive(full_bars.index(b), increment_count=False)
             sg = sg_next
             sr = sr_next
+
+    @gluon.jit
+    def _sm120_fetch(
+        kv_words, sg, sr, PAGE, stride_kvb, stride_kvs,
+        DV: gl.constexpr, DR: gl.constexpr, GL: gl.constexpr, RL: gl.constexpr,
+    ):  # fmt: skip
+        """One tile's fp8 rows into registers as 32-bit words (four values a word): the
+        latent part (slots sg, layout GL) and the rope part (slots sr, layout RL); rows of
+        slot < 0 read as zeros. Strides are in words."""
+        cols_g = gl.arange(0, DV // 4, layout=gl.SliceLayout(0, GL))
+        cols_r = gl.arange(0, DR // 4, layout=gl.SliceLayout(0, RL))
+        vg = sg >= 0
+        s0 = gl.where(vg, sg, 0)
+        bg = s0 // PAGE
+        row_g = kv_words + bg.to(gl.int64) * stride_kvb + (s0 - bg * PAGE).to(gl.int64) * stride_kvs
+        x_g = gl.load(row_g[:, None] + cols_g[None, :], mask=vg[:, None], other=0)
+        vr = sr >= 0
+        s1 = gl.where(vr, sr, 0)
+        br = s1 // PAGE
+        row_r = kv_words + br.to(gl.int64) * stride_kvb + (s1 - br * PAGE).to(gl.int64) * stride_kvs
+        x_r = gl.load(row_r[:, None] + DV // 4 + cols_r[None, :], mask=vr[:, None], other=0)
+        return x_g, x_r
+
+    @gluon.jit
+    def _sm120_widen(x, TO_BF16: gl.constexpr):
+        """Words of four e4m3 values [R, W] -> words of two 16-bit values [R, 2W], in
+        order: cvt.rn.f16x2.e4m3x2 (exact), and for bf16 through f32 (exact as well)."""
+        if TO_BF16:
+            lo, hi = gl.inline_asm_elementwise(
+                """{
+                .reg .b16 a, b, x0, x1, x2, x3;
+                .reg .b32 h0, h1;
+                .reg .f32 f0, f1, f2, f3;
+                mov.b32 {a, b}, $2;
+                cvt.rn.f16x2.e4m3x2 h0, a;
+                cvt.rn.f16x2.e4m3x2 h1, b;
+                mov.b32 {x0, x1}, h0;
+                mov.b32 {x2, x3}, h1;
+                cvt.f32.f16 f0, x0;
+                cvt.f32.f16 f1, x1;
+                cvt.f32.f16 f2, x2;
+                cvt.f32.f16 f3, x3;
+                cvt.rn.bf16x2.f32 $0, f1, f0;
+                cvt.rn.bf16x2.f32 $1, f3, f2;
+                }""",
+                "=r,=r,r", [x], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            lo, hi = gl.inline_asm_elementwise(
+                """{
+                .reg .b16 a, b;
+                mov.b32 {a, b}, $2;
+                cvt.rn.f16x2.e4m3x2 $0, a;
+                cvt.rn.f16x2.e4m3x2 $1, b;
+                }""",
+                "=r,=r,r", [x], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
+            )  # fmt: skip
+        return gl.reshape(gl.join(lo, hi), [x.shape[0], 2 * x.shape[1]])
+
+    @gluon.jit
+    def _sm120_words(stage, shape: gl.constexpr, layout: gl.constexpr):
+        """A 16-bit stage viewed as 32-bit words (this Triton's name for the view)."""
+        if _VIEW_NEW:
+            view = stage.reinterpret(gl.int32, shape, layout)
+        else:
+            view = stage._reinterpret(gl.int32, shape, layout)
+        return view
+
+    @gluon.jit
+    def _sm120_gather_widen(
+        kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        PAGE, stride_kvb, stride_kvs,
+        BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
+        P_WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """Producer warps over an e4m3 cache: the stages hold the tiles widened to q's
+        dtype, so the MMA warps run exactly as over a 16-bit cache. cp.async cannot widen:
+        the rows come through registers, 16 bytes a load, kept as 32-bit words (an fp8
+        value a register would spill). Tile i + 1's rows are in flight while tile i is
+        widened and stored, and its slots two tiles ahead. A stage is complete once every
+        producer thread has passed the partition's barrier (the full barrier counts one
+        arrival)."""
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [P_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [P_WARPS, 1], [1, 0])
+        i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
+        # The stages as 32-bit words: the same bytes, swizzled in the same 16-byte units.
+        words: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+        to_bf16: gl.constexpr = kv_smem.dtype == gl.bfloat16
+        kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+        stride_b = stride_kvb // 4
+        stride_s = stride_kvs // 4
+        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
+        sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
+        x_g, x_r = _sm120_fetch(kv_words, sg, sr, PAGE, stride_b, stride_s, DV, DR,
+                                g_layout, r_layout)  # fmt: skip
+        n1 = start + BLOCK_N
+        sg = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
+        sr = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
+        for i in range(0, n_tiles):
+            n0 = start + i * BLOCK_N
+            x_s = gl.load(idx_row + n0 + rows_i, mask=n0 + rows_i < end, other=-1)
+            # Tile i + 1's rows (zeros past the end), then tile i + 2's slots.
+            y_g, y_r = _sm120_fetch(kv_words, sg, sr, PAGE, stride_b, stride_s, DV, DR,
+                                    g_layout, r_layout)  # fmt: skip
+            n2 = n0 + 2 * BLOCK_N
+            sg = gl.load(idx_row + n2 + rows_g, mask=n2 + rows_g < end, other=-1)
+            sr = gl.load(idx_row + n2 + rows_r, mask=n2 + rows_r < end, other=-1)
+            b = i % NBUF
+            mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
+            _sm120_words(kv_smem.index(b), [BLOCK_N, DV // 2], words).store(
+                _sm120_widen(x_g, to_bf16)
+            )
+            _sm120_words(kpe_smem.index(b), [BLOCK_N, DR // 2], words).store(
+                _sm120_widen(x_r, to_bf16)
+            )
+            slot_smem.index(b).store(x_s)
+            _cta_barrier()  # every producer thread's stores are done
+            mbarrier.arrive(full_bars.index(b))
+            x_g = y_g
+            x_r = y_r
 
     @gluon.jit
     def _sm120_load_q(
@@ -259,8 +405,13 @@ if _HAS_GLUON_SM120:
         )
         full_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         empty_bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        # An fp8 cache is widened by the producers on its way into the stages.
+        WIDEN: gl.constexpr = kv_ptr.dtype.element_ty != dtype
         for j in gl.static_range(NBUF):
-            mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
+            if WIDEN:  # one arrival after the producers' barrier
+                mbarrier.init(full_bars.index(j), count=1)
+            else:  # each producer thread's cp.async arrival
+                mbarrier.init(full_bars.index(j), count=P_WARPS * 32)
             mbarrier.init(empty_bars.index(j), count=1)
 
         start = sp * SPLIT_LEN
