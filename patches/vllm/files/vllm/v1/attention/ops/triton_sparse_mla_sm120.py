@@ -143,24 +143,29 @@ if _HAS_GLUON_SM120:
     @gluon.jit
     def _sm120_widen(x, TO_BF16: gl.constexpr):
         """Words of four e4m3 values [R, W] -> words of two 16-bit values [R, 2W], in
-        order: cvt.rn.f16x2.e4m3x2 (exact), and for bf16 through f32 (exact as well)."""
+        order, exactly. fp16: cvt.rn.f16x2.e4m3x2. bf16: each byte placed in a 16-bit
+        half, its exponent and mantissa shifted under bf16's (sign kept), then one
+        multiply by 2^120 rebiases normals and subnormals alike: integer-rate
+        instructions, where the cvt route through f16 and f32 takes eight a word at the
+        conversion unit's lower rate.
+        (e4m3's NaN, never in a cache, would come out as a finite number.)"""
         if TO_BF16:
             lo, hi = gl.inline_asm_elementwise(
                 """{
-                .reg .b16 a, b, x0, x1, x2, x3;
-                .reg .b32 h0, h1;
-                .reg .f32 f0, f1, f2, f3;
-                mov.b32 {a, b}, $2;
-                cvt.rn.f16x2.e4m3x2 h0, a;
-                cvt.rn.f16x2.e4m3x2 h1, b;
-                mov.b32 {x0, x1}, h0;
-                mov.b32 {x2, x3}, h1;
-                cvt.f32.f16 f0, x0;
-                cvt.f32.f16 f1, x1;
-                cvt.f32.f16 f2, x2;
-                cvt.f32.f16 f3, x3;
-                cvt.rn.bf16x2.f32 $0, f1, f0;
-                cvt.rn.bf16x2.f32 $1, f3, f2;
+                .reg .b32 a, b, sa, sb, k;
+                prmt.b32 a, $2, 0, 0x1404;
+                prmt.b32 b, $2, 0, 0x3424;
+                and.b32 sa, a, 0x80008000;
+                and.b32 sb, b, 0x80008000;
+                shr.b32 a, a, 4;
+                shr.b32 b, b, 4;
+                and.b32 a, a, 0x07f007f0;
+                and.b32 b, b, 0x07f007f0;
+                or.b32 $0, a, sa;
+                or.b32 $1, b, sb;
+                mov.b32 k, 0x7b807b80;
+                mul.rn.bf16x2 $0, $0, k;
+                mul.rn.bf16x2 $1, $1, k;
                 }""",
                 "=r,=r,r", [x], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
             )  # fmt: skip
@@ -194,13 +199,16 @@ if _HAS_GLUON_SM120:
     ):  # fmt: skip
         """Producer warps over an e4m3 cache: the stages hold the tiles widened to q's
         dtype, so the MMA warps run exactly as over a 16-bit cache. cp.async cannot widen:
-        the rows come through registers, 16 bytes a load, kept as 32-bit words (an fp8
-        value a register would spill). Tile i + 1's rows are in flight while tile i is
+        the rows come through registers as 32-bit words (an fp8 value a register would
+        spill). Tile i + 1's rows are in flight while tile i is
         widened and stored, and its slots two tiles ahead. A stage is complete once every
         producer thread has passed the partition's barrier (the full barrier counts one
         arrival)."""
-        g_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [P_WARPS, 1], [1, 0])
-        r_layout: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [P_WARPS, 1], [1, 0])
+        # Two words (8 fp8) a thread and a row piece: widened, a warp's 16-byte stores
+        # then cover 512 contiguous bytes (16-byte pieces would be 32 bytes apart: twice
+        # the store wavefronts).
+        g_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [P_WARPS, 1], [1, 0])
+        r_layout: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [P_WARPS, 1], [1, 0])
         i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
         # The stages as 32-bit words: the same bytes, swizzled in the same 16-byte units.
         words: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
