@@ -551,7 +551,7 @@ def sweep_variants_sm120(mod: object) -> dict[str, tuple[object, Callable[[int],
     # widening keeps two tiles in flight in registers: 168 without q held, 128 with).
     for h, n, st, pw, hq, pr in [(16, 32, 2, 4, False, 88), (16, 32, 2, 4, True, 88),
                                  (16, 32, 2, 2, True, 88), (16, 32, 2, 4, False, 168),
-                                 (16, 32, 2, 4, True, 128)]:
+                                 (16, 32, 2, 4, True, 128), (16, 32, 2, 8, False, 96)]:
         g = cfg(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True, producer_warps=pw,
                 hold_q=hq, producer_regs=pr)  # fmt: skip
         name = f"g_h{h}n{n}s{st}p{pw}" + ("-q" if hq else "") + (f"-r{pr}" if pr != 88 else "")

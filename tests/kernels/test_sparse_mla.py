@@ -508,7 +508,7 @@ SM120_CFGS = list(dict.fromkeys([
                         producer_warps=pw, hold_q=hq)
     for h, n, st, pw, hq in [(16, 32, 2, 2, False), (16, 16, 4, 2, False), (16, 16, 3, 4, False),
                              (32, 16, 3, 2, False), (32, 32, 2, 4, False), (16, 32, 2, 4, True),
-                             (16, 32, 2, 2, True)]
+                             (16, 32, 2, 2, True), (16, 32, 2, 8, False)]
 ] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120]))
 
 
@@ -537,7 +537,7 @@ def test_gluon_sm120(cfg: object, t: int, h: int, topk: int, num_splits: int) ->
 SM120_FP8_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
                         producer_warps=pw, producer_regs=168)
-    for h, n, st, pw in [(16, 32, 2, 2), (16, 16, 3, 4), (32, 16, 2, 4)]
+    for h, n, st, pw in [(16, 32, 2, 2), (16, 16, 3, 4), (32, 16, 2, 4), (16, 32, 2, 8)]
 ] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120 and c.producer_regs == 168]))
 
 

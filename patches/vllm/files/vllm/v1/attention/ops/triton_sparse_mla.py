@@ -94,8 +94,9 @@ class SparseMLAConfig:
     # s_by_one each warpgroup's half of oT is one split's half of o's columns.
     cluster_merge: bool = False
     # The SM120 family (triton_sparse_mla_sm120.py): Gluon with mma.sync, producer_warps
-    # gathering into num_stages mbarrier-guarded stages; block_h 16 or 32 (4 MMA warps a
-    # 16 heads), block_n 16 or 32. Runs on compute capability >= 9 (mbarrier try_wait).
+    # (1, 2, 4 or 8) gathering into num_stages mbarrier-guarded stages; block_h 16 or 32
+    # (4 MMA warps a 16 heads), block_n 16 or 32; an e4m3 cache is widened on the way in.
+    # Runs on compute capability >= 9 (mbarrier try_wait).
     gluon120: bool = False
     hold_q: bool = False  # SM120 family: q in registers for the whole loop
 
@@ -549,7 +550,7 @@ def _launch(
             or cfg.block_h not in (16, 32)
             or cfg.block_n not in (16, 32)
             or cfg.num_warps != 4 * (cfg.block_h // 16)
-            or cfg.producer_warps not in (1, 2, 4)
+            or cfg.producer_warps not in (1, 2, 4, 8)
         ):
             raise ValueError(f"no SM120 Gluon sparse-MLA build for {cfg}")
         if not (_HAS_GLUON_SM120 and info.major >= 9) or interpret:
