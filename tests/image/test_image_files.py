@@ -298,3 +298,20 @@ def test_fixtures_stay_out_of_the_runtime_package() -> None:
     assert users == ["dflash-model", "gguf-model", "glm5-model", "tiny-model"], users
     gemma = (REPO / "fixtures" / "gguf_models.py").read_text()
     assert not re.search(r"[0-9a-f]{64}", gemma), "the Gemma sha256 belongs in build/pins.toml"
+
+
+def test_cpu_smoke_services_share_one_shape() -> None:
+    # Every CPU service takes the shared shape, environment and probe from the anchors
+    # (each setting written once), and overrides only its image, port and start budget.
+    text = (REPO / "docker-compose.yml").read_text()
+    compose = _compose()
+    shape, env, probe = compose["x-cpu-service"], compose["x-cpu-env"], compose["x-cpu-probe"]
+    cpu = {n: s for n, s in compose["services"].items() if "FRONTIER_CPU" in s["image"]}
+    assert len(cpu) == 8
+    for name, svc in cpu.items():
+        assert {k: svc[k] for k in shape} == shape, name
+        assert {k: svc["environment"][k] for k in env} == env, name
+        assert {k: svc["healthcheck"][k] for k in probe} == probe, name
+    for line in ("network_mode: host", "shm_size:", 'SERVE_MAX_MODEL_LEN: "512"',
+                 "VLLM_CPU_KVCACHE_SPACE:", "stop_grace_period: 20s"):
+        assert text.count(line) == 1, line
