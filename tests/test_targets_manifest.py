@@ -296,6 +296,12 @@ def test_shell_facts(manifest: targets.Manifest) -> None:
             '"gguf-whl", "gguf-plugin-wheel"]',
             "gguf-whl not in",
         ),
+        (
+            'models = ["gemma-gguf"]',
+            'models = ["gemma"]',
+            "[targets.runtime-cpu-gguf]: ",
+        ),
+        ('models = ["gemma-gguf"]', 'models = ["gemma"]', "missing pins entry [models.gemma]"),
     ],
 )
 def test_bad_manifest_entries_are_named(tmp_path: Path, old: str, new: str, message: str) -> None:

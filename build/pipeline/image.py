@@ -44,8 +44,9 @@ from .trees import patched_trees
 # build/targets.toml; these two families are the ones the steps below treat apart.
 CPU, CUDA = "runtime-cpu", "runtime"
 CPU_GGUF = "runtime-cpu-gguf"  # the one target with model pins (tests stage it)
-# The pinned Gemma 3 270M Q4_K_M GGUF parts (CPU test tier and the smoke-gguf image).
-GEMMA_PART_KEYS = tuple(f"gemma-gguf-part{i}" for i in range(1, 5))
+# The pinned Gemma 3 270M Q4_K_M GGUF (CPU test tier and the smoke-gguf image): its
+# parts are listed by build/pins.toml's [models.gemma-gguf].
+GEMMA_MODEL = "gemma-gguf"
 PINS_MOUNT = "/cache/pins"  # where the Dockerfile mounts `.work/context/pins`
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PipelineError
@@ -41,10 +41,21 @@ class Pins:
     vllm: str = ""
     default_vllm: str = ""
     next_vllm: tuple[str, ...] = ()
+    # [models.<key>] parts: the pinned files (in order) a model file is assembled from.
+    models: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def is_default(self) -> bool:
         return self.vllm == self.default_vllm
+
+    def model_parts(self, key: str) -> tuple[str, ...]:
+        try:
+            return self.models[key]
+        except KeyError:
+            raise PipelineError(
+                f"{self.path}: missing pins entry [models.{key}] "
+                f"(known: {', '.join(sorted(self.models)) or 'none'})"
+            ) from None
 
     def file(self, key: str) -> PinnedFile:
         try:
@@ -122,6 +133,15 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
             if pin.version != vllm:
                 raise PipelineError(f'{path}: [next-vllm."{vllm}".{key}] has version {pin.version}')
             files[key] = pin
+    models: dict[str, tuple[str, ...]] = {}
+    for key, entry in _table(path, "models", data.get("models", {})).items():
+        parts = _table(path, f"models.{key}", entry).get("parts")
+        if not parts or not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+            raise PipelineError(f"{path}: [models.{key}] parts must list [files.<key>] entries")
+        unknown = [p for p in parts if p not in files]
+        if unknown:
+            raise PipelineError(f"{path}: [models.{key}] parts {', '.join(unknown)} are not pinned")
+        models[key] = tuple(parts)
     git = data.get("vllm-git")
     if git is not None:
         git = _table(path, "vllm-git", git)
@@ -135,6 +155,7 @@ def load(path: Path = PINS_FILE, vllm: str = "") -> Pins:
         vllm=vllm or default,
         default_vllm=default,
         next_vllm=tuple(sorted(nexts)),
+        models=models,
     )
 
 

@@ -129,7 +129,15 @@ def _required(entry: dict, keys: tuple[str, ...], where: str) -> None:
 
 def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Manifest:
     data = pins.read_toml(path, "targets manifest")
-    known_pins = set((loaded_pins or pins.load()).files)
+    loaded = loaded_pins or pins.load()
+    known_pins = set(loaded.files)
+
+    def model_parts(entry: dict, where: str) -> tuple[str, ...]:
+        """The pinned parts of the target's models, as build/pins.toml lists them."""
+        try:
+            return tuple(p for m in _strings(entry, "models", where) for p in loaded.model_parts(m))
+        except PipelineError as exc:
+            raise PipelineError(f"{where}: {exc}") from None
 
     def check_pins(keys: tuple[str, ...], where: str) -> tuple[str, ...]:
         unknown = [key for key in keys if key not in known_pins]
@@ -204,7 +212,7 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             lock=entry["lock"],
             base_wheel=check_pins((entry["base-wheel"],), where)[0],
             context_pins=check_pins(_strings(entry, "context-pins", where), where),
-            model_pins=check_pins(_strings(entry, "model-pins", where), where),
+            model_pins=model_parts(entry, where),
             tags=_strings(entry, "tags", where),
             title=entry["title"],
             description=str(entry.get("description", "")),

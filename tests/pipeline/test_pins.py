@@ -39,6 +39,21 @@ def test_missing_entry_names_the_key_and_file(tmp_path: Path) -> None:
         loaded.file("vllm-sdist")
 
 
+def test_model_parts_come_from_the_models_table(tmp_path: Path, real_pins: pins.Pins) -> None:
+    from pipeline import image, targets
+
+    parts = real_pins.model_parts(image.GEMMA_MODEL)
+    assert len(parts) == 4 and all(key in real_pins.files for key in parts)
+    # The smoke-gguf image carries exactly those, from targets.toml's `models`.
+    assert targets.load(loaded_pins=real_pins).target(image.CPU_GGUF).model_pins == parts
+    path = write_pins(tmp_path / "pins.toml", {"some": SOME_PIN})
+    with pytest.raises(PipelineError, match=r"missing pins entry \[models.gemma-gguf\]"):
+        pins.load(path).model_parts("gemma-gguf")
+    path.write_text(path.read_text() + '[models.m]\nparts = ["some", "nowhere"]\n')
+    with pytest.raises(PipelineError, match=r"\[models.m\] parts nowhere are not pinned"):
+        pins.load(path)
+
+
 def test_entry_without_sha256_is_refused(tmp_path: Path) -> None:
     path = write_pins(
         tmp_path / "pins.toml", {"x": {"project": "x", "version": "1", "filename": "x.whl"}}
