@@ -92,7 +92,7 @@ test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine (then again
 			-p no:cacheprovider -m 'not sm90' $(PYTEST_ARGS) $(KERNEL_CORRECTNESS); \
 	fi
 
-bench-peers: ## fetch the benchmark's peer kernels into .bench-peers (plain python3 + pip, no torch)
+bench-peers: ## the benchmark's peer kernels into .bench-peers from pinned wheels (plain python3, no torch)
 	$(PYTHON) bench/kernels/bench_peers.py
 
 BENCH_ARGS ?=

