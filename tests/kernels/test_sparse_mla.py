@@ -536,9 +536,11 @@ def test_gluon_sm120(cfg: object, t: int, h: int, topk: int, num_splits: int) ->
 # and builds whose producers have fewer warps or a stage more.
 SM120_FP8_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
-                        producer_warps=pw, producer_regs=168)
-    for h, n, st, pw in [(16, 32, 2, 2), (16, 16, 3, 4), (32, 16, 2, 4), (16, 32, 2, 8)]
-] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120 and c.producer_regs == 168]))
+                        producer_warps=pw, producer_regs=pr, hold_q=hq)
+    for h, n, st, pw, pr, hq in [(16, 32, 2, 2, 168, False), (16, 16, 3, 4, 168, False),
+                                 (32, 16, 2, 4, 168, False), (16, 32, 2, 4, 168, False),
+                                 (16, 32, 2, 4, 128, True)]
+] + [c for k, c in mod._CONFIGS_SMALL.items() if c.gluon120 and k.endswith("_fp8")]))
 
 
 @pytest.mark.gpu
@@ -626,6 +628,26 @@ def test_sm90_picks_gluon(t: int, h: int) -> None:
     assert not any(c.gluon for c in mod.candidate_configs(t, h, info, kv_bytes=1))
     sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
     assert not any(c.gluon for c in mod.candidate_configs(t, h, sm120))
+
+
+@pytest.mark.parametrize("t", [1, 2, 64, 4096])
+@pytest.mark.parametrize("h", [8, 16, 32, 64])
+def test_sm120_picks_its_family(t: int, h: int) -> None:
+    # The SM120 family wherever the stand-in measured it ahead: 16-bit KV up to 32 heads
+    # from two tokens and a lone token of up to 16 heads (32 x 1 stays on h16_n32), an
+    # e4m3 cache up to 32 heads from one token; the Triton configs stay behind it.
+    sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
+    has = mod._HAS_GLUON_SM120
+    bf16 = mod.candidate_configs(t, h, sm120)
+    want = has and (h <= 16 or (t >= 2 and (h <= 32 or t < 16)))
+    assert (bf16[0] == mod._CONFIGS_SMALL["g120_h16n32"]) == want
+    fp8 = mod.candidate_configs(t, h, sm120, kv_bytes=1)
+    assert (fp8[0] == mod._CONFIGS_SMALL["g120_h16n32_fp8"]) == (has and h <= 32)
+    assert any(not c.gluon120 for c in (*bf16, *fp8))
+    # Not on a 99 KiB part of compute capability 8 (no mbarrier try_wait there).
+    sm86 = mod.DeviceInfo(num_sms=84, smem_bytes=101376, major=8)
+    for kv_bytes in (1, 2):
+        assert not any(c.gluon120 for c in mod.candidate_configs(t, h, sm86, kv_bytes))
 
 
 # Batch 1 (Triton split + merge), 16 tokens (Gluon split-K + merge), 64 (2-CTA clusters),

@@ -194,15 +194,16 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
 # `make bench-kernels-sm120 BENCH_ARGS=--sweep`), among builds that fit sm_120a with no
 # spills (docs/sparse-mla-kernel-journal.md, "SM120 stand-in").
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
-    # The SM120 Gluon family from two tokens, up to 32 heads (32 as two head blocks):
-    # producer warps keep two 32-row stages in flight while 4 MMA warps run mma.sync.
+    # The SM120 Gluon family up to 32 heads (32 as two head blocks) from two tokens, and
+    # a lone token of up to 16 heads: producer warps keep two 32-row stages in flight
+    # while 4 MMA warps run mma.sync.
     "g120_h16n32": SparseMLAConfig(
         16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4
     ),
-    # The same over an e4m3 cache: the producers widen the rows through registers (two
-    # tiles in flight a thread: 168 registers, no spills).
+    # The same over an e4m3 cache, from one token: 8 producer warps widen the rows through
+    # registers, two tiles in flight each (96 registers a thread, no spills).
     "g120_h16n32_fp8": SparseMLAConfig(
-        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4, producer_regs=168
+        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=8, producer_regs=96
     ),
     # A lone token: 37 KiB, two programs per SM, so split-K makes 2 x SMs programs.
     "h16_n16_p2": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
@@ -303,17 +304,17 @@ def candidate_configs(
             order = ["h16_n32", "h16_n64"]
     else:
         table = _CONFIGS_SMALL
-        g120 = _HAS_GLUON_SM120 and info.major >= 12 and num_tokens >= 2
-        if kv_bytes == 1 and g120 and num_heads <= 32:
+        sm120 = _HAS_GLUON_SM120 and info.major >= 12
+        if kv_bytes == 1 and sm120 and num_heads <= 32:
             order = ["g120_h16n32_fp8", "h16_n16_p2_fp8", "h16_n16_fp8"]
         elif kv_bytes == 1:
             wide = num_heads > 16 and num_tokens >= 16
             order = ["h32_n32_fp8" if wide else "h16_n16_p2_fp8", "h16_n16_fp8"]
         elif alone:
-            order = ["h16_n16_p2", "h16_n32"]
+            order = ["g120_h16n32"] * sm120 + ["h16_n16_p2", "h16_n32"]
         elif num_heads > 32 and num_tokens >= 16:
             order = ["h32_n32", "h16_n32"]
-        elif g120:
+        elif sm120 and num_tokens >= 2:
             order = ["g120_h16n32", "h16_n32", "h16_n16_p2"]
         else:
             order = ["h16_n32", "h16_n16_p2"]
