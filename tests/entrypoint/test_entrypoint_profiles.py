@@ -54,11 +54,44 @@ def test_glm5(vllm_table) -> None:
     assert "SERVE_PREFLIGHT_GGUF" in read_env_file(str(PROFILES / "glm5.env"))
 
 
+def glm5_2node_env() -> dict[str, str]:
+    """glm5-2node.env layered on glm5.env, as Kubernetes and `docker run` read them."""
+    return {
+        **read_env_file(str(PROFILES / "glm5.env")),
+        **read_env_file(str(PROFILES / "glm5-2node.env")),
+    }
+
+
+def test_glm5_2node_holds_only_what_differs() -> None:
+    base = read_env_file(str(PROFILES / "glm5.env"))
+    layer = read_env_file(str(PROFILES / "glm5-2node.env"))
+    assert [k for k, v in layer.items() if base.get(k) == v] == []
+    assert set(layer) == {
+        "SERVE_NNODES", "SERVE_TENSOR_PARALLEL_SIZE", "SERVE_PIPELINE_PARALLEL_SIZE",
+        "SERVE_MASTER_PORT", "SERVE_LEADER_TIMEOUT",
+    }  # fmt: skip
+
+
+def test_glm5_lws_layers_the_two_profiles() -> None:
+    # Both LeaderWorkerSet templates (and their init containers) read glm5.env's
+    # ConfigMap first and glm5-2node.env's last, so the layer's keys win.
+    yaml = pytest.importorskip("yaml")
+    (lws,) = [d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/glm5-lws.yaml").read_text())
+              if d and d.get("kind") == "LeaderWorkerSet"]  # fmt: skip
+    seen = 0
+    for pod in _pod_templates(lws):
+        for container in (*pod.get("initContainers", []), *pod["containers"]):
+            maps = [e["configMapRef"]["name"] for e in container["envFrom"]]
+            assert maps == ["glm5-profile", "glm5-2node-profile"], container["name"]
+            seen += 1
+    assert seen == 4
+
+
 @pytest.mark.parametrize(("rank", "program"), [
     ("0", "vllm.entrypoints.openai.api_server"), ("1", "entrypoint.vllm_serve")])
 def test_glm5_2node(vllm_table, rank: str, program: str) -> None:
     """TP4 × PP2 over 2 nodes; each node adds its rank and the leader's address (LWS)."""
-    env = {**read_env_file(str(PROFILES / "glm5-2node.env")), "SERVE_NODE_RANK": rank,
+    env = {**glm5_2node_env(), "SERVE_NODE_RANK": rank,
            "SERVE_MASTER_ADDR": "glm5-lws-0.glm5-lws.default"}  # fmt: skip
     rendered = render(env)
     argv = rendered.argv[len(rendered.program) :]
@@ -140,10 +173,13 @@ def test_every_service_drains_within_its_stop_grace_period() -> None:
         for doc in yaml.safe_load_all(manifest.read_text()):
             for pod in _pod_templates(doc or {}):
                 serve = next(c for c in pod["containers"] if c["name"] == "serve")
-                # The profile is the ConfigMap made from profiles/NAME.env (NAME-profile).
-                config_map = serve["envFrom"][0]["configMapRef"]["name"]
-                profile = REPO / "profiles" / f"{config_map.removesuffix('-profile')}.env"
-                shutdown = float(read_env_file(str(profile))["SERVE_SHUTDOWN_TIMEOUT"])
+                # The profiles are the ConfigMaps made from profiles/NAME.env (NAME-profile),
+                # later ones layered on earlier ones.
+                env: dict[str, str] = {}
+                for source in serve["envFrom"]:
+                    name = source["configMapRef"]["name"].removesuffix("-profile")
+                    env.update(read_env_file(str(REPO / "profiles" / f"{name}.env")))
+                shutdown = float(env["SERVE_SHUTDOWN_TIMEOUT"])
                 grace = pod["terminationGracePeriodSeconds"]
                 assert grace >= shutdown + 30, f"{manifest.name}: grace {grace} s"
                 seen += 1
