@@ -32,6 +32,7 @@ MASTER_ADDR = "SERVE_MASTER_ADDR"
 NODE_RANK = "SERVE_NODE_RANK"
 NNODES = "SERVE_NNODES"
 DEFAULT_LEADER_TIMEOUT = 600.0
+HEARTBEAT_PORT_OFFSET = 1000  # the heartbeat's default port: the store's + this
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,27 @@ def gpus_per_node_problems(namespace: argparse.Namespace, env: Mapping[str, str]
 
 def leader_timeout(env: Mapping[str, str]) -> float:
     return settings.number(env, settings.LEADER_TIMEOUT, DEFAULT_LEADER_TIMEOUT, 1, 86400)
+
+
+def heartbeat_port(env: Mapping[str, str], node: Node) -> int:
+    """The port each worker node's watcher answers the leader's heartbeat on
+    (entrypoint/node_heartbeat.py): SERVE_HEARTBEAT_PORT, else the store's + 1000."""
+    name = settings.HEARTBEAT_PORT
+    raw = env.get(name, "").strip()
+    if not raw:
+        port = node.master_port + HEARTBEAT_PORT_OFFSET
+        if port > 65535:
+            raise SettingError(
+                [f"{name} is not set and SERVE_MASTER_PORT={node.master_port} + "
+                 f"{HEARTBEAT_PORT_OFFSET} is past 65535: set {name} to a free port (1-65535)"]
+            )  # fmt: skip
+        return port
+    port = settings.count(env, name, 0, 1, 65535)
+    if port == node.master_port:
+        raise SettingError(
+            [f"{name}={port} is SERVE_MASTER_PORT's too: the heartbeat needs a port of its own"]
+        )
+    return port
 
 
 def try_connect(host: str, port: int, timeout: float) -> str | None:

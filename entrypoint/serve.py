@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from entrypoint import (
     gpus,
     load_progress,
+    node_heartbeat,
     nodes,
     settings,
     startup_history,
@@ -180,8 +181,23 @@ def watch_config(env: Mapping[str, str], rendered: Rendered) -> WatchConfig:
         ),
         generation_check_timeout=watch.generation_check_timeout,
         history_file=startup_history.path_for(watch.status_file),
-        node=None if rendered.node.role == nodes.SINGLE else rendered.node.describe(),
+        node=None if rendered.node.role == nodes.SINGLE else {
+            **rendered.node.describe(),
+            "heartbeat_port": nodes.heartbeat_port(env, rendered.node),
+        },
     )
+
+
+def check_heartbeat_port(port: int) -> None:
+    """A worker's watcher answers the leader's heartbeat on this port: it must be free."""
+    try:
+        node_heartbeat.listen(port).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"{settings.HEARTBEAT_PORT}={port}: this worker node cannot listen on it "
+            f"({exc.strerror or exc}); stop what holds it or set {settings.HEARTBEAT_PORT} "
+            "to a free port, the same on every node"
+        ) from None
 
 
 def prepare(
@@ -211,6 +227,8 @@ def prepare(
             config = watch_config(env, rendered)
             collect(check_writable, config.ready_file, settings.READY_FILE)
             collect(check_writable, config.status_file, settings.STATUS_FILE)
+            if config.node and config.node["role"] == nodes.WORKER:
+                collect(check_heartbeat_port, config.node["heartbeat_port"])
         except ConfigError as exc:
             problems.extend(exc.problems)
     node = rendered.node

@@ -41,6 +41,7 @@ WEDGE_SECONDS = "SERVE_WEDGE_SECONDS"
 GENERATION_CHECK_INTERVAL = "SERVE_GENERATION_CHECK_INTERVAL"
 GENERATION_CHECK_TIMEOUT = "SERVE_GENERATION_CHECK_TIMEOUT"
 LEADER_TIMEOUT = "SERVE_LEADER_TIMEOUT"
+HEARTBEAT_PORT = "SERVE_HEARTBEAT_PORT"
 STALL_LOAD = "SERVE_STALL_LOAD"
 STALL_COMPILE = "SERVE_STALL_COMPILE"
 STALL_OTHER = "SERVE_STALL_OTHER"
@@ -73,6 +74,9 @@ RESERVED: dict[str, str] = {
     "meanwhile, before the server counts as unhealthy (default 60)",
     LEADER_TIMEOUT: "a worker node (SERVE_NODE_RANK > 0): seconds to wait for the leader's "
     "SERVE_MASTER_ADDR:SERVE_MASTER_PORT to accept a connection before giving up (default 600)",
+    HEARTBEAT_PORT: "multi-node: the TCP port on which each worker node's watcher answers "
+    "the leader's heartbeat, so that a frozen node or a cut network is seen within ~20 s "
+    "(default SERVE_MASTER_PORT + 1000)",
     STALL_LOAD: "a start whose GGUF weight loading moves no byte for this many seconds is "
     "ended (default 600; 0: off)",
     STALL_COMPILE: "the same for the steps that report nothing until they end: compiling, "
@@ -136,7 +140,7 @@ def number(
     return value
 
 
-def _count(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+def count(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -208,7 +212,7 @@ def watch_settings(env: Mapping[str, str] | None = None) -> WatchSettings:
         status_file=status_path_for(ready, env),
         interval=read(number, HEALTH_INTERVAL, 2.0, 0.1, 3600.0),
         timeout=read(number, HEALTH_TIMEOUT, 2.0, 0.1, 600.0),
-        failures=read(_count, HEALTH_FAILURES, 3, 1, 1000),
+        failures=read(count, HEALTH_FAILURES, 3, 1, 1000),
         stale_after=read(number, STALE_AFTER, 15.0, 1.0, 86400.0),
         wedge_seconds=read(number, WEDGE_SECONDS, DEFAULT_WEDGE_SECONDS, 0.0, 86400.0),
         generation_check_interval=read(number, GENERATION_CHECK_INTERVAL, 0.0, 0.0, 86400.0),

@@ -22,7 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import load_progress, metrics, node_links, settings, stall, startup_history
+from entrypoint import (
+    load_progress,
+    metrics,
+    node_heartbeat,
+    node_links,
+    settings,
+    stall,
+    startup_history,
+)
 from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone, model_runner
 from entrypoint.process_tree import descendants, stop_leftovers
 from entrypoint.statusfile import (
@@ -437,8 +445,10 @@ class GenerationCheck:
 
 class NodeGroup:
     """Multi-node: a leader is healthy only while every remote rank stays connected
-    (entrypoint/node_links.py says why /health alone cannot tell); a worker, whose
-    health is the leader's API, only while its own ranks are connected too."""
+    (entrypoint/node_links.py says why /health alone cannot tell) and every node it saw
+    serving answers its heartbeat (entrypoint/node_heartbeat.py: a frozen node closes
+    nothing); a worker, whose health is the leader's API, only while its own ranks are
+    connected too, and it answers the leader's heartbeat."""
 
     def __init__(self, node: dict[str, Any]) -> None:
         self.role = node.get("role")
@@ -446,7 +456,32 @@ class NodeGroup:
         self.store_port = int(node.get("store_port") or 0)
         self.expected = int(node.get("remote_ranks") or 0)
         self.local = int(node.get("local_ranks") or 0)
+        self.heartbeat_port = int(node.get("heartbeat_port") or 0)
         self.at_ready: Counter[str] | None = None
+        self.heartbeat = (
+            node_heartbeat.Heartbeat(self.heartbeat_port)
+            if self.role == "leader" and self.heartbeat_port
+            else None
+        )
+
+    def start(self, stop: threading.Event) -> str | None:
+        """The heartbeat's thread: the leader's pings, or a worker's answers. Returns
+        why a worker cannot answer (its port taken since the start's check)."""
+        if not self.heartbeat_port:
+            return None
+        if self.heartbeat is not None:
+            threading.Thread(target=self.heartbeat.run_forever, args=(stop,),
+                             name="heartbeat", daemon=True).start()  # fmt: skip
+            return None
+        if self.role == "worker":
+            try:
+                node_heartbeat.start_answering(self.heartbeat_port)
+            except OSError as exc:
+                return (
+                    f"cannot answer the leader's heartbeat on {settings.HEARTBEAT_PORT}="
+                    f"{self.heartbeat_port}: {exc.strerror or exc}"
+                )
+        return None
 
     def check(self, pids: list[int], ever_ready: bool) -> str | None:
         if self.role != "leader":
@@ -458,9 +493,15 @@ class NodeGroup:
             # one taken in a round that missed a connection would leave a later loss
             # unnamed (seen once in CI: "lost a worker node" with no address).
             self.at_ready = now
-        return node_links.lost_node_error(
+            if self.heartbeat is not None:
+                self.heartbeat.watch(now)
+        lost = node_links.lost_node_error(
             self.expected, now, self.at_ready, self.store_port, self.nnodes
         )
+        if lost is None and self.heartbeat is not None:
+            silent = self.heartbeat.silent()
+            lost = node_heartbeat.silent_node_error(silent, self.heartbeat_port, self.nnodes)
+        return lost
 
 
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
@@ -510,6 +551,10 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
     wedge = metrics.WedgeWatch(config.wedge_seconds) if config.wedge_seconds > 0 else None
     generation = GenerationCheck(config, api_key)
     quiet_clock = metrics.QuietClock()
+    beat_stop = threading.Event()
+    cannot_answer = group.start(beat_stop)
+    if cannot_answer:
+        tracker.extra["heartbeat_error"] = cannot_answer
     try:
         with lock:
             tracker.write()
@@ -549,6 +594,8 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
             if not done.is_set():
                 tracker.stopped("watcher stopped by SIGTERM; readiness unknown")
         raise
+    finally:
+        beat_stop.set()
     waiter.join()  # it may still be stopping what vLLM left running
     return 0
 

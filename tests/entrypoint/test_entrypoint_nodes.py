@@ -145,7 +145,37 @@ def test_worker_joins_a_listening_leader_and_watches_its_api(
     assert config["node"] == {"role": "worker", "rank": 1, "nnodes": 2,
                               "leader": f"127.0.0.1:{listening_port}",
                               "store_port": listening_port, "local_ranks": 1,
-                              "remote_ranks": None}  # fmt: skip
+                              "remote_ranks": None,
+                              "heartbeat_port": listening_port + 1000}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("0", "must be from 1 to 65535"), ("70000", "must be from 1 to 65535"),
+     ("x", "expected a whole number"), ("29501", "SERVE_MASTER_PORT's too")],
+)  # fmt: skip
+def test_heartbeat_port_is_checked(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, value: str, said: str
+) -> None:
+    env = {**base_env, **LEADER, "SERVE_MASTER_PORT": "29501", "SERVE_HEARTBEAT_PORT": value}
+    output = refused(env, "serve")
+    assert "SERVE_HEARTBEAT_PORT" in output and said in output, output
+    assert recorder.exec_argv is None
+    # With no port set, the store's + 1000 must still be a port.
+    output = refused({**base_env, **LEADER, "SERVE_MASTER_PORT": "65000"}, "serve")
+    assert "SERVE_HEARTBEAT_PORT is not set and SERVE_MASTER_PORT=65000" in output
+
+
+def test_worker_refuses_a_taken_heartbeat_port(
+    vllm_table, base_env: dict[str, str], recorder: Recorder, listening_port: int
+) -> None:
+    """The worker's watcher answers the leader's heartbeat there: named before the wait."""
+    env = {**base_env, **WORKER, "SERVE_MASTER_PORT": "29501",
+           "SERVE_HEARTBEAT_PORT": str(listening_port), "SERVE_LEADER_TIMEOUT": "1"}  # fmt: skip
+    output = refused(env, "serve")
+    assert f"SERVE_HEARTBEAT_PORT={listening_port}: this worker node cannot listen" in output
+    assert "waiting" not in output  # refused before it waits for the leader
+    assert recorder.exec_argv is None
 
 
 def test_worker_skips_the_http_port_check(

