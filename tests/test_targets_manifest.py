@@ -311,3 +311,56 @@ def test_bad_manifest_entries_are_named(tmp_path: Path, old: str, new: str, mess
     bad.write_text(text.replace(old, new, 1))
     with pytest.raises(PipelineError, match=re.escape(message)):
         targets.load(bad)
+
+
+# Where the runtime user and folders are spelled out (they stay plain text there).
+RUNTIME_FILES = [
+    "Dockerfile", "build/docker/install-runtime.sh", "build/docker/check-image.sh",
+    "docker-compose.yml", "deploy/kubernetes/glm5.yaml", "deploy/kubernetes/glm5-lws.yaml",
+    "deploy/kubernetes/qwen36-dflash.yaml", "checks/image/check_cuda_image.py",
+    "entrypoint/settings.py", "README.md",
+]  # fmt: skip
+# A uid or gid as these files spell one: `USER 10001:10001`, `--uid 10001`, `runAsUser:
+# 10001`, `fsGroup: 10001`, `--user 10001:10001`, `uid 10001`, `os.getuid() == 10001`.
+_IDS = re.compile(
+    r"(?:USER|--uid|--gid|runAsUser:|runAsGroup:|fsGroup:|--user|\buid|\bgid|getuid\(\) =="
+    r"|getgid\(\) ==|user == )\s*(\d+)(?::(\d+))?"
+)
+# Home and run folders: any /home/NAME or /run/NAME (/run/secrets is Docker's own).
+_DIRS = re.compile(r"(/home/[\w.-]+|/run/(?!secrets\b)[\w.-]+)")
+
+
+def runtime_drift(texts: dict[str, str], runtime: targets.Runtime) -> list[str]:
+    problems = []
+    for name, text in texts.items():
+        ids = [int(i) for m in _IDS.finditer(text) for i in m.groups() if i]
+        dirs = _DIRS.findall(text)
+        if not ids and not dirs:
+            problems.append(f"{name} spells out no runtime uid or folder (drop it from the list)")
+        problems += [f"{name}: uid/gid {i} != [runtime] uid {runtime.uid}"
+                     for i in ids if i != runtime.uid]  # fmt: skip
+        problems += [f"{name}: {d} is neither [runtime] home nor run-dir"
+                     for d in dirs if d not in (runtime.home, runtime.run_dir)]  # fmt: skip
+    return problems
+
+
+def test_runtime_user_and_folders_match_the_manifest(manifest: targets.Manifest) -> None:
+    texts = {name: (REPO / name).read_text() for name in RUNTIME_FILES}
+    assert manifest.runtime == targets.Runtime("serve", 10001, "/home/serve", "/run/serve")
+    assert runtime_drift(texts, manifest.runtime) == []
+    # The user's name, too, where the image creates it.
+    assert f"--home-dir {manifest.runtime.home}" in texts["build/docker/install-runtime.sh"]
+    assert f"--uid {manifest.runtime.uid} --gid {manifest.runtime.user} " in (
+        texts["build/docker/install-runtime.sh"]
+    )
+    # Each drift is seen.
+    for name, old, new in [
+        ("deploy/kubernetes/glm5.yaml", "fsGroup: 10001", "fsGroup: 10002"),
+        ("Dockerfile", "USER 10001:10001", "USER 10001:0"),
+        ("docker-compose.yml", "glm5-run:/run/serve", "glm5-run:/run/frontier"),
+        ("checks/image/check_cuda_image.py", "os.getuid() == 10001", "os.getuid() == 1000"),
+        ("entrypoint/settings.py", '"/run/serve/ready"', '"/run/srv/ready"'),
+    ]:
+        assert old in texts[name], (name, old)
+        drifted = {**texts, name: texts[name].replace(old, new)}
+        assert [p for p in runtime_drift(drifted, manifest.runtime) if p.startswith(name)], name

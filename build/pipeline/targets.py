@@ -71,6 +71,16 @@ class Service:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """The images' runtime user (uid = gid) and folders."""
+
+    user: str = ""
+    uid: int = 0
+    home: str = ""
+    run_dir: str = ""
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     locks: dict[str, LockSpec]
@@ -78,6 +88,7 @@ class Manifest:
     services: dict[str, Service]
     # Python X.Y -> the glibc (2.NN) of the image bases that install its locks
     install_glibc: dict[str, str] = field(default_factory=dict)
+    runtime: Runtime = field(default_factory=Runtime)
 
     def target(self, name: str) -> Target:
         return _known(self.targets, name, "target", self.path)
@@ -259,7 +270,21 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             compose=in_compose,
         )
     return Manifest(path=path, locks=locks, targets=targets, services=services,
-                    install_glibc=dict(install_glibc))
+                    install_glibc=dict(install_glibc), runtime=_runtime(data, path))
+
+
+def _runtime(data: dict, path: Path) -> Runtime:
+    entry = data.get("runtime")
+    if not isinstance(entry, dict):
+        raise PipelineError(f"{path}: [runtime] is missing")
+    _required(entry, ("user", "uid", "home", "run-dir"), f"{path}: [runtime]")
+    uid = entry["uid"]
+    if not isinstance(uid, int) or isinstance(uid, bool) or not 1000 <= uid <= 65533:
+        raise PipelineError(f"{path}: [runtime] uid = {uid!r} is not 1000..65533")
+    for key in ("home", "run-dir"):
+        if not isinstance(entry[key], str) or not entry[key].startswith("/"):
+            raise PipelineError(f"{path}: [runtime] {key} = {entry[key]!r} is no absolute path")
+    return Runtime(str(entry["user"]), uid, entry["home"], entry["run-dir"])
 
 
 def shell(manifest: Manifest, target: str | None, service: str | None, version: str) -> str:
