@@ -324,7 +324,7 @@ RUNTIME_FILES = [
 # 10001`, `fsGroup: 10001`, `--user 10001:10001`, `uid 10001`, `os.getuid() == 10001`.
 _IDS = re.compile(
     r"(?:USER|--uid|--gid|runAsUser:|runAsGroup:|fsGroup:|--user|\buid|\bgid|getuid\(\) =="
-    r"|getgid\(\) ==|user == )\s*(\d+)(?::(\d+))?"
+    r"|getgid\(\) ==|user ==|\buser)\s*(\d+)(?::(\d+))?"
 )
 # Home and run folders: any /home/NAME or /run/NAME (/run/secrets is Docker's own).
 _DIRS = re.compile(r"(/home/[\w.-]+|/run/(?!secrets\b)[\w.-]+)")
