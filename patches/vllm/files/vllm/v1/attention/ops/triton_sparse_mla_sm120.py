@@ -45,6 +45,16 @@ MMA_K = 16
 if _HAS_GLUON_SM120:
 
     @gluon.jit
+    def _sm120_rows(base, slots, PAGE, stride_kvb, stride_kvs):
+        """Where each slot's row starts (slots < 0 point at row 0) and which are valid.
+        Slots are int32 (block * block_size + offset): divide in 32 bits, widen after."""
+        valid = slots >= 0
+        s = gl.where(valid, slots, 0)
+        blk = s // PAGE
+        off = (s - blk * PAGE).to(gl.int64) * stride_kvs
+        return base + blk.to(gl.int64) * stride_kvb + off, valid
+
+    @gluon.jit
     def _sm120_gather(
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
@@ -71,8 +81,8 @@ if _HAS_GLUON_SM120:
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
         P_WARPS: gl.constexpr,
     ):  # fmt: skip
-        """Producer warps, cp.async: tile i's slots and rows into stage i % NBUF once the MMA warps
-        have released it; each thread's copies complete the stage's full barrier
+        """Producer warps, cp.async: tile i's slots and rows into stage i % NBUF once the
+        MMA warps have released it; each thread's copies complete the stage's full barrier
         (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads). Slots
         < 0 copy nothing; the MMA warps mask those rows' scores."""
         g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
@@ -97,20 +107,11 @@ if _HAS_GLUON_SM120:
             _cp_async(
                 slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
             )
-            # Slots are int32 (block * block_size + offset): divide in 32 bits, widen after.
-            vg = sg >= 0
-            s0 = gl.where(vg, sg, 0)
-            bg = s0 // PAGE
-            off_g = (s0 - bg * PAGE).to(gl.int64) * stride_kvs
-            row_g = kv_ptr + bg.to(gl.int64) * stride_kvb + off_g
+            row_g, vg = _sm120_rows(kv_ptr, sg, PAGE, stride_kvb, stride_kvs)
             _cp_async(
                 kv_smem.index(b), row_g[:, None] + cols_g[None, :], mask=vg[:, None]
             )
-            vr = sr >= 0
-            s1 = gl.where(vr, sr, 0)
-            br = s1 // PAGE
-            off_r = (s1 - br * PAGE).to(gl.int64) * stride_kvs
-            row_r = kv_ptr + br.to(gl.int64) * stride_kvb + off_r
+            row_r, vr = _sm120_rows(kv_ptr, sr, PAGE, stride_kvb, stride_kvs)
             _cp_async(
                 kpe_smem.index(b), row_r[:, None] + DV + cols_r[None, :], mask=vr[:, None]
             )
@@ -128,15 +129,9 @@ if _HAS_GLUON_SM120:
         slot < 0 read as zeros. Strides are in words."""
         cols_g = gl.arange(0, DV // 4, layout=gl.SliceLayout(0, GL))
         cols_r = gl.arange(0, DR // 4, layout=gl.SliceLayout(0, RL))
-        vg = sg >= 0
-        s0 = gl.where(vg, sg, 0)
-        bg = s0 // PAGE
-        row_g = kv_words + bg.to(gl.int64) * stride_kvb + (s0 - bg * PAGE).to(gl.int64) * stride_kvs
+        row_g, vg = _sm120_rows(kv_words, sg, PAGE, stride_kvb, stride_kvs)
         x_g = gl.load(row_g[:, None] + cols_g[None, :], mask=vg[:, None], other=0)
-        vr = sr >= 0
-        s1 = gl.where(vr, sr, 0)
-        br = s1 // PAGE
-        row_r = kv_words + br.to(gl.int64) * stride_kvb + (s1 - br * PAGE).to(gl.int64) * stride_kvs
+        row_r, vr = _sm120_rows(kv_words, sr, PAGE, stride_kvb, stride_kvs)
         x_r = gl.load(row_r[:, None] + DV // 4 + cols_r[None, :], mask=vr[:, None], other=0)
         return x_g, x_r
 
@@ -200,8 +195,8 @@ if _HAS_GLUON_SM120:
         """Producer warps over an e4m3 cache: the stages hold the tiles widened to q's
         dtype, so the MMA warps run exactly as over a 16-bit cache. cp.async cannot widen:
         the rows come through registers as 32-bit words (an fp8 value a register would
-        spill). Tile i + 1's rows are in flight while tile i is
-        widened and stored, and its slots two tiles ahead. A stage is complete once every
+        spill). Tile i + 1's rows are in flight while tile i is widened and stored, and
+        its slots two tiles ahead. A stage is complete once every
         producer thread has passed the partition's barrier (the full barrier counts one
         arrival)."""
         # Two words (8 fp8) a thread and a row piece: widened, a warp's 16-byte stores
