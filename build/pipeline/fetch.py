@@ -186,12 +186,12 @@ def verify_all(pins: Pins, cache: Path | None = None) -> list[str]:
     problems = []
     for pin in (pins.files[key] for key in sorted(pins.files)):
         target = cached_path(pin, cache)
-        if not target.is_file() and pin.on_demand:
-            print(f"absent   {pin.filename} (fetched on demand)")
-            continue
         if not target.is_file():
-            problems.append(f"missing  {pin.filename} (run `make fetch`)")
-            print(f"MISSING  {pin.filename}")
+            if pin.on_demand:  # fetched by the step that names it, not by `make fetch`
+                print(f"absent   {pin.filename} (fetched on demand)")
+            else:
+                problems.append(f"missing  {pin.filename} (run `make fetch`)")
+                print(f"MISSING  {pin.filename}")
             continue
         actual = sha256_of(target)
         if actual == pin.sha256:
