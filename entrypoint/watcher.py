@@ -504,6 +504,15 @@ class NodeGroup:
         return lost
 
 
+def root_cause_first(node_error: str | None, health_error: str | None) -> str | None:
+    """One health-check error, a lost node first: once a group has served, a node's loss
+    also breaks the leader's /health (its engine sees the peer go), and which of the two
+    the watcher notices first is a race the reason must not depend on."""
+    if node_error is None or health_error is None:
+        return node_error or health_error
+    return f"{node_error} (and the API fails: {health_error})"
+
+
 def wait_for_exit(pid: int, poll: float = 0.1) -> None:
     """Block until `pid` has exited (zombie or gone)."""
     try:
@@ -564,8 +573,9 @@ def run(config: WatchConfig, api_key: str | None = None) -> int:
                 tree.update(below)
                 tracker.read_log()
             error = check_health(config.base_url, config.timeout, api_key)
-            if error is None and config.node:
-                error = group.check([config.pid, *below], tracker.ever_ready)
+            if config.node and (error is None or tracker.ever_ready):
+                lost = group.check([config.pid, *below], tracker.ever_ready)
+                error = root_cause_first(lost, error)
             trouble = None
             if error is None:
                 sample = scrape_metrics(config.base_url, config.timeout, api_key)

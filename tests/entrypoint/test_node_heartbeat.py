@@ -122,6 +122,17 @@ def test_a_worker_group_answers_from_its_watcher() -> None:
     assert f"SERVE_HEARTBEAT_PORT={port}" in (again.start(threading_event()) or "")
 
 
+def test_a_lost_node_comes_before_the_apis_failure() -> None:
+    # The e2e kill once saw the leader's /health fail before the store check ran, and
+    # the reason named no node (CI at a9145ae).
+    lost = "lost a worker node (node rank 1) at 10.0.0.2: 0 of the 1 remote ranks ..."
+    health = "/health: HTTP 500"
+    assert watcher.root_cause_first(lost, health) == f"{lost} (and the API fails: {health})"
+    assert watcher.root_cause_first(None, health) == health
+    assert watcher.root_cause_first(lost, None) == lost
+    assert watcher.root_cause_first(None, None) is None
+
+
 def threading_event():  # noqa: ANN201 - a fresh stop event
     import threading
 
