@@ -150,3 +150,25 @@ def check_namespace(
                 problems.append(f"{name}={item!r}: {option} must be {bound.words()}{why}")
                 break
     return problems
+
+
+def combination_problems(namespace: argparse.Namespace) -> list[str]:
+    """Options that each pass but that vLLM 0.32 cannot run together.
+
+    Speculative decoding under pipeline parallelism, measured on the CPU twin of
+    profiles/glm5-2node.env (docs/internals.md, "Multi-node"): the V1 model runner
+    fails at start on every stage but the last (it builds the drafter there only, then
+    asks every stage for it), and the V2 runner, vLLM's default on GPUs, fails its first
+    request that carries drafts. Refused here instead of after a model load."""
+    spec = getattr(namespace, "speculative_config", None)
+    stages = getattr(namespace, "pipeline_parallel_size", 1) or 1
+    if not spec or stages <= 1:
+        return []
+    method = spec.get("method", "?") if isinstance(spec, dict) else "?"
+    return [
+        f"SERVE_SPECULATIVE_CONFIG (method {method}) with SERVE_PIPELINE_PARALLEL_SIZE="
+        f"{stages}: vLLM 0.32 cannot run speculative decoding under pipeline parallelism "
+        "(the V1 model runner fails at start, the V2 runner at the first drafted step); "
+        "leave SERVE_SPECULATIVE_CONFIG empty, or split the model with "
+        "SERVE_TENSOR_PARALLEL_SIZE only"
+    ]

@@ -14,7 +14,7 @@ from typing import NoReturn
 from entrypoint import gpus, nodes, settings
 from entrypoint.errors import ConfigError
 from entrypoint.mapping import map_environment, parse_json
-from entrypoint.option_checks import all_bounds, check_namespace
+from entrypoint.option_checks import all_bounds, check_namespace, combination_problems
 from entrypoint.vllm_options import OptionTable, vllm_parser
 
 
@@ -105,6 +105,7 @@ def render(env: Mapping[str, str], parser: argparse.ArgumentParser | None = None
     if not problems:
         given = {action.dest for _, action in table.given(options)}
         problems = nodes.layout_problems(namespace, given, env)
+        problems += combination_problems(namespace)
     if problems:
         raise ConfigError(problems)
     if nodes.node_of(namespace).role == nodes.WORKER:

@@ -242,6 +242,37 @@ def stop(served: Served) -> None:
         wait_for(lambda: gone(watcher), 10, "watcher ends with vLLM")
 
 
+def has_pp_fix() -> bool:
+    """Whether the installed vLLM carries patch 0011 (the CPU PP receive buffer)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm.v1.worker.cpu_model_runner")
+    source = Path(spec.origin).read_text() if spec and spec.origin else ""
+    return "Pipeline stages after the first receive activations" in source
+
+
+def node_settings(
+    model: str, rank: int, ports: tuple[int, int], cpu: int, split: str
+) -> dict[str, str]:
+    """One of two nodes on this host: `split` is the SERVE_* size set to 2 across them
+    (SERVE_TENSOR_PARALLEL_SIZE or SERVE_PIPELINE_PARALLEL_SIZE); ports = (store, heartbeat)."""
+    store_port, heartbeat_port = ports
+    return {
+        "SERVE_HEARTBEAT_PORT": str(heartbeat_port),
+        "SERVE_MODEL": model,
+        "SERVE_NNODES": "2",
+        "SERVE_NODE_RANK": str(rank),
+        "SERVE_MASTER_ADDR": "127.0.0.1",
+        "SERVE_MASTER_PORT": str(store_port),
+        split: "2",
+        "SERVE_LEADER_TIMEOUT": str(int(START_TIMEOUT)),
+        # One host plays two nodes: each binds its rank to its own core (both would
+        # take core 0 and run ~10x slower), and vLLM's message queues use loopback.
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+
+
 def start_serve(folder: Path, **settings: str) -> Served:
     """`serve` with SERVE_* settings on top of a small-CPU default; returns at once.
 

@@ -97,6 +97,25 @@ def test_layout_mistakes_are_refused(
     assert words in output
 
 
+MTP = '{"method": "mtp", "num_speculative_tokens": 3}'
+
+
+def test_speculative_decoding_under_pipeline_parallelism_is_refused(
+    vllm_table, base_env: dict[str, str]
+) -> None:
+    """vLLM 0.32 fails this combination after the load (tests/gguf_cpu/
+    test_glm5_gguf_two_nodes.py, docs/internals.md); on one node as on two."""
+    for layout in (LEADER, WORKER, {"SERVE_PIPELINE_PARALLEL_SIZE": "2"}):
+        output = refused({**base_env, **layout, "SERVE_SPECULATIVE_CONFIG": MTP})
+        assert ("SERVE_SPECULATIVE_CONFIG (method mtp) with SERVE_PIPELINE_PARALLEL_SIZE=2: "
+                "vLLM 0.32 cannot run speculative decoding under pipeline parallelism") in output
+    # Tensor parallelism across the nodes with MTP, and PP without it, still render.
+    tp = {**LEADER, "SERVE_PIPELINE_PARALLEL_SIZE": "", "SERVE_TENSOR_PARALLEL_SIZE": "2"}
+    with_mtp = render({**base_env, **tp, "SERVE_SPECULATIVE_CONFIG": MTP})
+    assert "--speculative-config" in with_mtp.argv
+    assert "--speculative-config" not in render({**base_env, **LEADER}).argv
+
+
 def test_every_problem_is_named_at_once(vllm_table, base_env: dict[str, str]) -> None:
     output = refused({**base_env, **LEADER, "SERVE_MASTER_ADDR": "", "SERVE_NODE_RANK": "5",
                       "SERVE_PIPELINE_PARALLEL_SIZE": "3"})  # fmt: skip

@@ -26,6 +26,8 @@ from tests.serving import (
     Served,
     free_port,
     greedy,
+    has_pp_fix,
+    node_settings,
     run_entrypoint,
     session_pids,
     start_serve,
@@ -38,35 +40,6 @@ pytestmark = [pytest.mark.vllm_server, pytest.mark.slow]
 PROMPT = [1, 17, 42, 99, 7]
 TOKENS = 8
 LAYOUTS = {"tp": "SERVE_TENSOR_PARALLEL_SIZE", "pp": "SERVE_PIPELINE_PARALLEL_SIZE"}
-
-
-def has_pp_fix() -> bool:
-    """Whether the installed vLLM carries patch 0011 (the CPU PP receive buffer)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm.v1.worker.cpu_model_runner")
-    source = Path(spec.origin).read_text() if spec and spec.origin else ""
-    return "Pipeline stages after the first receive activations" in source
-
-
-def node_settings(
-    model: str, rank: int, ports: tuple[int, int], cpu: int, layout: str
-) -> dict[str, str]:
-    store_port, heartbeat_port = ports
-    return {
-        "SERVE_HEARTBEAT_PORT": str(heartbeat_port),
-        "SERVE_MODEL": model,
-        "SERVE_NNODES": "2",
-        "SERVE_NODE_RANK": str(rank),
-        "SERVE_MASTER_ADDR": "127.0.0.1",
-        "SERVE_MASTER_PORT": str(store_port),
-        LAYOUTS[layout]: "2",
-        "SERVE_LEADER_TIMEOUT": str(int(START_TIMEOUT)),
-        # One host plays two nodes: each binds its rank to its own core (both would
-        # take core 0 and run ~10x slower), and vLLM's message queues use loopback.
-        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
-        "VLLM_HOST_IP": "127.0.0.1",
-    }
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
@@ -84,13 +57,13 @@ def group(
     try:
         # The worker first: it must wait for the leader, not fail.
         worker = start_serve(folder / "worker", SERVE_PORT=str(http_port),
-                             **node_settings(tiny_model, 1, ports, 1, layout))  # fmt: skip
+                             **node_settings(tiny_model, 1, ports, 1, LAYOUTS[layout]))  # fmt: skip
         worker.port = http_port  # the leader's API, which the worker's watcher checks
         started.append(worker)
         wait_for(lambda: "waiting_for" in status_json(worker), 120, "worker waits", step=0.5)
         assert status_json(worker)["waiting_for"] == f"leader 127.0.0.1:{store_port}"
         leader = start_serve(folder / "leader", SERVE_PORT=str(http_port),
-                             **node_settings(tiny_model, 0, ports, 0, layout))  # fmt: skip
+                             **node_settings(tiny_model, 0, ports, 0, LAYOUTS[layout]))  # fmt: skip
         leader.port = http_port
         started.append(leader)
         took = leader.wait_ready(START_TIMEOUT)
