@@ -69,10 +69,10 @@ KERNEL_TESTS := tests/kernels tests/backend
 # it by carrying that folder with the checkout.
 UPSTREAM_COPY := .work/kernel-upstream/sparse_utils.py.txt
 $(UPSTREAM_COPY):
-	$(PYTHON) tests/backend/pinned_upstream.py
+	$(PYTHON) fixtures/backend/pinned_upstream.py
 
 kernel-upstream: ## (re-)extract vLLM's sparse_utils.py for the kernel-call tests from the pinned sdist
-	$(PYTHON) tests/backend/pinned_upstream.py
+	$(PYTHON) fixtures/backend/pinned_upstream.py
 
 test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest $(KERNEL_TESTS)
@@ -80,7 +80,7 @@ test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs)
 
 # On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py), and
 # the kernel's correctness tests run a second time as the SM120 stand-in (mma.sync, the
-# small-part configs; tests/kernels/sm120_standin.py), less the SM90-only ones.
+# small-part configs; fixtures/kernels/sm120_standin.py), less the SM90-only ones.
 # PYTEST_ARGS adds options, e.g. PYTEST_ARGS="-n 8" where pytest-xdist is installed.
 KERNEL_CORRECTNESS := tests/kernels/test_sparse_mla.py tests/backend/test_backend_kernel_call.py
 test-kernels: $(UPSTREAM_COPY) ## kernel tests: all on a GPU machine (then again as the SM120 stand-in); without a GPU the TRITON_INTERPRET=1 subset

@@ -8,7 +8,7 @@ container was started, so they are reported up front with what to fix.
 `visible_gpu_count()` answers "how many"; `nvml_driver_info()` adds the driver's CUDA
 version and each GPU's compute capability (for `doctor`). `gpu_view()` and
 `vllm_is_cuda_build()` are the two hooks the checks call, looked up as module globals
-at call time, so `tests.stand_in_gpu` (checks on machines without a GPU) and tests
+at call time, so `fixtures.stand_in_gpu` (checks on machines without a GPU) and tests
 replace them here.
 """
 

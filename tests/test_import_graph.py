@@ -98,3 +98,34 @@ def test_every_test_folder_is_a_package() -> None:
         str(f.relative_to(tests)) for f in folders if not (f / "__init__.py").is_file()
     )
     assert not missing, f"no __init__.py in tests/{', tests/'.join(missing)}"
+
+
+OUTSIDE_TESTS = ("bench", "build", "checks", "entrypoint", "fixtures", "patches")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level names a file imports (and `python -m NAME` strings it spells)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("tests.")
+        ):
+            names.add(node.value)
+    return names
+
+
+def test_nothing_outside_tests_imports_from_it() -> None:
+    """Helpers that benches, checks or fixtures share live in fixtures/, so tests/ can be
+    read, moved or left out without breaking them."""
+    found = []
+    for top in OUTSIDE_TESTS:
+        for path in sorted((REPO / top).rglob("*.py")):
+            bad = sorted(n for n in imports_of(path) if n == "tests" or n.startswith("tests."))
+            found += [f"{path.relative_to(REPO)}: {name}" for name in bad]
+    assert found == []

@@ -319,7 +319,7 @@ def header_times(parts: list[Path]) -> dict[str, float]:
 
 
 def gemma_ready() -> float | None:
-    from tests.serving import start_gemma
+    from fixtures.serving import start_gemma
 
     served, _ = start_gemma("float32")
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.serving import session_pids, start_gemma  # noqa: E402
+from fixtures.serving import session_pids, start_gemma  # noqa: E402
 
 
 def peak_rss_mib(pid: int) -> tuple[str, float] | None:

@@ -19,7 +19,7 @@ and captures whole rounds of them until a replay makes >= 32 calls or gathers
 model's captured forward, where the layers share one launch.
 
 `run --sm120` (`make bench-kernels-sm120`) times the kernel as an SM120 part runs it
-(tests/kernels/sm120_standin.py: mma.sync, the small-part configs, SM120's residency)
+(fixtures/kernels/sm120_standin.py: mma.sync, the small-part configs, SM120's residency)
 and, in the same process, the SM90 path it would take here (column "SM90") beside the
 peers and the floor; `--fp8` adds our kernel over an e4m3 KV cache against its own floor
 (1 byte a KV element).
@@ -46,8 +46,8 @@ import torch
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[2])]
 from bench_peers import PEER_FILES, PEERS  # noqa: E402
 
-from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
-from tests.kernels.sm120_standin import load_standin, sm120_blocks_per_sm  # noqa: E402
+from fixtures.kernels.kernel_loader import load_kernel_module  # noqa: E402
+from fixtures.kernels.sm120_standin import load_standin, sm120_blocks_per_sm  # noqa: E402
 
 TOPK = 2048
 HEADS = (8, 16, 32, 64, 128)
@@ -362,11 +362,11 @@ BACKEND_PAGE = 64  # the backend's KV block size here (vLLM's sparse backends us
 
 def backend_path(case: Case, mod: object) -> list[Callable]:
     """The backend's own call (TRITON_MLA_SPARSE forward_mqa -> sparse_mla_topk_attention,
-    tests/backend/backend_call.py): vLLM's remap of request positions to cache slots, then
+    fixtures/backend/backend_call.py): vLLM's remap of request positions to cache slots, then
     the kernel with one workspace reserved up front (workspace_bound), as forward_mqa
     calls it. Every token belongs to one request whose block table is the identity over
     64-row pages, so the slots it computes are case.idx and the output is ours'."""
-    from tests.backend.backend_call import find_sparse_utils, load_backend_call
+    from fixtures.backend.backend_call import find_sparse_utils, load_backend_call
 
     call = load_backend_call(mod, find_sparse_utils())
     kv4 = case.kv.view(-1, BACKEND_PAGE, 576)

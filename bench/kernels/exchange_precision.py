@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "kernels"))
 from kernel_loader import load_kernel_module  # noqa: E402
 from test_sparse_mla import EXCHANGE_BOUND, exchange_inputs, exchange_rel  # noqa: E402
 

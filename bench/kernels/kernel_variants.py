@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "kernels"))
 from kernel_loader import KERNEL_DIR, KERNEL_FILES, load_package  # noqa: E402
 
 # The kernel's files as one text: the variants' anchors are found in whichever file holds

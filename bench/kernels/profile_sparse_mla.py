@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.kernels.bench_sparse_mla import Case, flashmla_bf16, load_flashmla  # noqa: E402
-from tests.kernels.kernel_loader import load_kernel_module  # noqa: E402
+from fixtures.kernels.kernel_loader import load_kernel_module  # noqa: E402
 
 
 def main() -> int:

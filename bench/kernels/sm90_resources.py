@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "tests" / "kernels"))
+sys.path.insert(0, str(HERE.parents[1] / "fixtures" / "kernels"))
 
 import kernel_variants  # noqa: E402
 import triton  # noqa: E402

@@ -7,7 +7,7 @@ builds the backend's impl the way the GLM-5 / DeepSeek-V3.2 model does, the
 backend's metadata builder sees a mixed decode / MTP / prefill batch, and
 forward_mqa runs vLLM's triton_convert_req_index_to_global_index and the
 sparse-MLA kernel. Results are checked against a float64 reference that maps
-positions to cache rows on its own (tests/backend/sparse_batch.py).
+positions to cache rows on its own (fixtures/backend/sparse_batch.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,14 @@ from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-from tests.backend.sparse_batch import SparseBatch, expected_slots, make_batch, reference_attention
-from tests.backend.tiny_configs import tiny_mla_model
-from tests.serving import free_port
+from fixtures.backend.sparse_batch import (
+    SparseBatch,
+    expected_slots,
+    make_batch,
+    reference_attention,
+)
+from fixtures.backend.tiny_configs import tiny_mla_model
+from fixtures.serving import free_port
 
 HEADS = 4  # per GPU; the kernel pads a head block of 16
 TOPK = 128  # index_topk of the tiny model (GLM-5 uses 2048)

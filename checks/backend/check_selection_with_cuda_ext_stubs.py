@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.backend import stand_ins
-from tests.backend.tiny_configs import tiny_mla_model
+from fixtures.backend import stand_ins
+from fixtures.backend.tiny_configs import tiny_mla_model
 
 STUBBED = stand_ins.stub_cuda_extensions()
 

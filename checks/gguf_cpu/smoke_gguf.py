@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-from tests.serving import run_entrypoint, start_gemma  # noqa: E402
+from fixtures.serving import run_entrypoint, start_gemma  # noqa: E402
 
 
 def main() -> int:

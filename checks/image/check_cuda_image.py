@@ -6,7 +6,7 @@
 Each check prints `PASS name: detail` or `FAIL name: why`; the exit code is the
 number of failures. What cannot run without a GPU is replaced by a stand-in
 that says so in its name (the CUDA platform for vLLM's argument parser,
-tests/stand_in_gpu.py, and a libcuda.so.1 so that vLLM's binaries load and
+fixtures/stand_in_gpu.py, and a libcuda.so.1 so that vLLM's binaries load and
 Triton's launcher links), nothing else.
 """
 
@@ -221,10 +221,10 @@ def run_checks() -> None:
 
 def render_profile_with_stand_in_cuda_platform(profile: str, gpus: int) -> str:
     """vLLM's parser needs a platform; with no GPU the CUDA build cannot infer one.
-    tests/stand_in_gpu.py gives it a stand-in CUDA platform with `gpus` GPUs and
+    fixtures/stand_in_gpu.py gives it a stand-in CUDA platform with `gpus` GPUs and
     runs `frontier-serve render` through the image's own vLLM parser."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.stand_in_gpu", "--gpus", str(gpus), "render",
+        [sys.executable, "-m", "fixtures.stand_in_gpu", "--gpus", str(gpus), "render",
          "--env-file", str(CHECKS / "profiles" / f"{profile}.env")],
         cwd=CHECKS, env={**os.environ, "PYTHONPATH": str(CHECKS)},
         capture_output=True, text=True, check=False,
@@ -333,7 +333,7 @@ def triton_launcher_builds_with_stand_in_libcuda() -> str:
 
 
 def sm120_fitness_of_the_installed_kernel() -> str:
-    sys.path.insert(0, str(CHECKS / "tests" / "kernels"))
+    sys.path.insert(0, str(CHECKS / "fixtures" / "kernels"))
     import sm120_fitness
     import triton
 
@@ -352,7 +352,7 @@ def sm90_gluon_builds_compile() -> str:
     """Every Gluon config an H100/H200 launches, compiled for sm_90a by the image's Triton:
     the device machine's Triton is not the image's, and Gluon's API moves between
     releases (3.7 renamed thread_barrier)."""
-    sys.path.insert(0, str(CHECKS / "tests" / "kernels"))
+    sys.path.insert(0, str(CHECKS / "fixtures" / "kernels"))
     import sm120_fitness
     import triton
     from triton.backends.compiler import GPUTarget

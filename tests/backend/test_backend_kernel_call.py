@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "kernels"))
 from kernel_loader import load_kernel_module  # noqa: E402
 
-from tests.backend.backend_call import find_sparse_utils, load_backend_call  # noqa: E402
-from tests.backend.sparse_batch import (  # noqa: E402
+from fixtures.backend.backend_call import find_sparse_utils, load_backend_call  # noqa: E402
+from fixtures.backend.sparse_batch import (  # noqa: E402
     SparseBatch,
     expected_slots,
     make_batch,
@@ -73,7 +73,7 @@ def _call(fn: Callable[..., torch.Tensor], b: SparseBatch, **kw: float) -> torch
 
 
 def test_remap_kernel_from_upstream_source(backend_call: Callable[..., torch.Tensor]) -> None:
-    import tests.backend.backend_call as bc
+    import fixtures.backend.backend_call as bc
 
     mod = sys.modules[bc.MODULE_NAME]
     host = make_batch([1, 2, 5], [150, 70, 260], heads=4, topk=128, seed=4)

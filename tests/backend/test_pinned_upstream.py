@@ -1,4 +1,4 @@
-"""tests/backend/pinned_upstream.py (`make kernel-upstream`) where the pinned sdist cannot
+"""fixtures/backend/pinned_upstream.py (`make kernel-upstream`) where the pinned sdist cannot
 be had, as on the GPU machine, which has no package index: one clear error, no traceback."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_no_sdist_and_no_index_is_one_clear_error(tmp_path: Path) -> None:
         "PIP_FIND_LINKS": str(tmp_path / "links"),
     }  # fmt: skip
     run = subprocess.run(
-        [sys.executable, "tests/backend/pinned_upstream.py"],
+        [sys.executable, "fixtures/backend/pinned_upstream.py"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 1, run.stdout + run.stderr

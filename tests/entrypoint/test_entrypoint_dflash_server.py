@@ -37,7 +37,7 @@ import pytest
 
 from entrypoint.envfile import read_env_file
 from fixtures import dflash_served
-from tests.serving import (
+from fixtures.serving import (
     REPO,
     Served,
     greedy,

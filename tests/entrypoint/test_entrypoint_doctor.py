@@ -460,7 +460,7 @@ def test_stand_in_hub_config_reachable_then_cached_and_never_downloaded(
 
 
 def _free_port() -> int:
-    from tests.serving import free_port
+    from fixtures.serving import free_port
 
     return free_port()
 
@@ -500,14 +500,14 @@ def test_stand_in_hub_model_cached_weights_are_checked_offline(
 @pytest.mark.process
 @pytest.mark.slow
 def test_stand_in_gpu_doctor_on_the_glm5_profile(tmp_path: Path) -> None:
-    """`tests.stand_in_gpu` (what check-image uses for render) runs doctor too: 8 stand-in
+    """`fixtures.stand_in_gpu` (what check-image uses for render) runs doctor too: 8 stand-in
     SM120 GPUs fit the profile's TP 8, 4 do not."""
     env = child_env(tmp_path, HF_HUB_OFFLINE="1")
     env.pop("CUDA_VISIBLE_DEVICES", None)
 
     def stand_in(count: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tests.stand_in_gpu", "--gpus", str(count), "doctor",
+            [sys.executable, "-m", "fixtures.stand_in_gpu", "--gpus", str(count), "doctor",
              "--env-file", "profiles/glm5.env"],
             capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
         )  # fmt: skip

@@ -236,7 +236,7 @@ def test_stand_in_gpu_renders_glm5_through_the_parser(tmp_path: Path) -> None:
 
     def stand_in(count: int) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tests.stand_in_gpu", "--gpus", str(count), "render",
+            [sys.executable, "-m", "fixtures.stand_in_gpu", "--gpus", str(count), "render",
              "--json", "--env-file", "profiles/glm5.env"],
             capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
         )  # fmt: skip

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint import hub_files
+from fixtures.serving import free_port
 from tests.entrypoint.stand_in_hub import COMMIT, StandInHub, running_stand_in_hub
-from tests.serving import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GLM = "zai-org/GLM-5"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.serving import run_entrypoint, run_module, session_pids, start_serve
 from tests.entrypoint.stand_in_hub import running_stand_in_hub
-from tests.serving import run_entrypoint, run_module, session_pids, start_serve
 
 pytestmark = pytest.mark.vllm_server
 REPO_ID = "acme/tiny-qwen3"

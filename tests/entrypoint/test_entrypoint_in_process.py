@@ -1,7 +1,7 @@
 """vLLM's default program runs in serve's interpreter (entrypoint/vllm_in_process.py).
 
 The modules here are written to a temporary folder and run for real; the real vLLM
-run through this path is covered by the CPU tier's server tests (tests/serving.py)."""
+run through this path is covered by the CPU tier's server tests (fixtures/serving.py)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from entrypoint import log_capture, steps, vllm_logging
 from entrypoint.log_capture import LogTail, milestone, root_exception
 from entrypoint.watcher import Tracker, WatchConfig
-from tests.serving import PYTHONPATH, REPO
+from fixtures.serving import PYTHONPATH, REPO
 
 # One sample message per milestone, made from the format string in vLLM 0.32.0's own
 # source (file, the literal's start, its arguments): a reworded vLLM fails here.

@@ -106,7 +106,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.serving import PYTHONPATH, REPO
+    from fixtures.serving import PYTHONPATH, REPO
 
     write_json_atomic(str(tmp_path / "status.json"), {"phase": "starting", "pid": 1})
     child = subprocess.Popen(

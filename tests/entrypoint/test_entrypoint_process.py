@@ -19,7 +19,7 @@ import pytest
 
 from entrypoint.statusfile import process_start, read_json, read_ready, write_ready
 from entrypoint.watcher import WatchConfig
-from tests.serving import wait_for
+from fixtures.serving import wait_for
 
 pytestmark = pytest.mark.process
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import process_tree
-from tests.serving import (
+from fixtures.serving import (
     START_TIMEOUT,
     Served,
     free_port,

@@ -14,7 +14,7 @@ import pytest
 
 from entrypoint import probe
 from entrypoint.statusfile import read_json, read_ready, write_ready
-from tests.serving import (
+from fixtures.serving import (
     START_TIMEOUT,
     Served,
     engine_core,

@@ -19,7 +19,7 @@ import pytest
 
 from entrypoint import steps
 from entrypoint.statusfile import read_ready
-from tests.serving import (
+from fixtures.serving import (
     START_TIMEOUT,
     Served,
     gone,

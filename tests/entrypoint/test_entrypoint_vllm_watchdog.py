@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from entrypoint import metrics, steps
-from tests.serving import (
+from fixtures.serving import (
     START_TIMEOUT,
     Served,
     engine_core,

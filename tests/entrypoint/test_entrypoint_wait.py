@@ -15,7 +15,7 @@ import pytest
 from entrypoint.settings import status_path_for
 from entrypoint.statusfile import process_start, write_json_atomic, write_ready
 from entrypoint.wait import describe, wait
-from tests.serving import run_entrypoint
+from fixtures.serving import run_entrypoint
 
 pytestmark = pytest.mark.process  # runs `python -m entrypoint wait` as users do
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint import node_heartbeat, node_links, watcher
-from tests.serving import free_port, wait_for
+from fixtures.serving import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.serving import REPO
+from fixtures.serving import REPO
 
 pytestmark = pytest.mark.process
 

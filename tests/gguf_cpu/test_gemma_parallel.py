@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint import load_progress
+from fixtures.serving import Served, greedy, start_serve
 from tests.gguf_cpu.conftest import NEW_TOKENS
-from tests.serving import Served, greedy, start_serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.vllm_server]
 START_TIMEOUT = 900.0

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from entrypoint import steps
+from fixtures.serving import Served, greedy, run_entrypoint, start_serve, start_wait, status_json
 from tests.gguf_cpu.conftest import NEW_TOKENS
-from tests.serving import Served, greedy, run_entrypoint, start_serve, start_wait, status_json
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 START_TIMEOUT = 900.0  # cold start + one-time dequantization on a loaded 2-core machine

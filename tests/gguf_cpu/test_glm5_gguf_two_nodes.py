@@ -31,7 +31,7 @@ import pytest
 
 from entrypoint.envfile import read_env_file
 from fixtures import glm5_served
-from tests.serving import (
+from fixtures.serving import (
     REPO,
     START_TIMEOUT,
     Served,

@@ -13,7 +13,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
+# gpu_guard beside this file; kernel_loader, sm120_standin and sm120_fitness, which the
+# benches and the image check share, in fixtures/kernels.
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kernels"
+sys.path[:0] = [str(Path(__file__).parent), str(FIXTURES)]
 
 from gpu_guard import pytest_collection_modifyitems, pytest_runtest_makereport  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Correctness of the Triton sparse-MLA kernel against a float64 reference.
 
 `make test-kernels` on a GPU machine runs this file twice: as the GPU is, and as the
-SM120 stand-in (SPARSE_MLA_STANDIN=sm120, tests/kernels/sm120_standin.py) without the
+SM120 stand-in (SPARSE_MLA_STANDIN=sm120, fixtures/kernels/sm120_standin.py) without the
 `sm90`-marked tests, which exercise the SM90-only Gluon kernel.
 
 The same tests run on a GPU and, at small shapes, on the CPU through

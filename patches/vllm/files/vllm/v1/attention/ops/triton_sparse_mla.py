@@ -190,7 +190,7 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
     ),
 }
 # 99 KiB parts (SM120: 100 KiB a SM). Chosen on the SM120 stand-in (an H100 with
-# DISABLE_MMA_V3=1, these configs and SM120's residency; tests/kernels/sm120_standin.py,
+# DISABLE_MMA_V3=1, these configs and SM120's residency; fixtures/kernels/sm120_standin.py,
 # `make bench-kernels-sm120 BENCH_ARGS=--sweep`), among builds that fit sm_120a with no
 # spills (docs/sparse-mla-kernel-journal.md, "SM120 stand-in").
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
