@@ -318,7 +318,8 @@ RUNTIME_FILES = [
     "Dockerfile", "build/docker/install-runtime.sh", "build/docker/check-image.sh",
     "docker-compose.yml", "deploy/kubernetes/glm5.yaml", "deploy/kubernetes/glm5-lws.yaml",
     "deploy/kubernetes/qwen36-dflash.yaml", "checks/image/check_cuda_image.py",
-    "entrypoint/settings.py", "README.md",
+    "entrypoint/settings.py", "README.md", "docs/configuration.md", "docs/images.md",
+    "docs/operating.md",
 ]  # fmt: skip
 # A uid or gid as these files spell one: `USER 10001:10001`, `--uid 10001`, `runAsUser:
 # 10001`, `fsGroup: 10001`, `--user 10001:10001`, `uid 10001`, `os.getuid() == 10001`.
