@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sm120_fitness import SM120_SMEM_LIMIT, cuobjdump_path
 
-SCRIPT = Path(__file__).with_name("sm120_fitness.py")
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "kernels" / "sm120_fitness.py"
 
 
 def test_sm120_builds_fit() -> None:
