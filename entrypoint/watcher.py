@@ -184,8 +184,11 @@ class Tracker:
             self.last_error, self.last_error_at = error, self.clock()
             self.failures_in_row += 1
             # Failures while loading are expected (nothing listens yet); only a server
-            # that was ready can become unhealthy.
-            if self.phase == READY and self.failures_in_row >= self.config.failures:
+            # that was ready can become unhealthy. Once unhealthy, the reason follows the
+            # latest failure: a cause found a round later (a lost node, whose connections
+            # or heartbeat take a moment to go) replaces the symptom seen first.
+            unhealthy = self.phase == UNHEALTHY and self.ever_ready
+            if unhealthy or (self.phase == READY and self.failures_in_row >= self.config.failures):
                 self._enter(
                     UNHEALTHY, f"{self.failures_in_row} failed health checks in a row: {error}"
                 )

@@ -129,6 +129,19 @@ def test_n_failures_in_a_row_make_unhealthy(tracker: Tracker) -> None:
     assert ready_exists(tracker) and status_of(tracker)["phase"] == "ready"
 
 
+def test_an_unhealthy_reason_follows_the_latest_failure(tracker: Tracker) -> None:
+    """A lost node found a round after /health failed names the cause, not the symptom
+    (CI once saw the leader unhealthy with only the API's error in its reason)."""
+    tracker.record(None)
+    for _ in range(3):
+        tracker.record("GET /health: timed out")
+    since = status_of(tracker)["since"]
+    tracker.record("lost a worker node (node rank 1) at 10.0.0.2 (and the API fails: timed out)")
+    status = status_of(tracker)
+    assert status["phase"] == "unhealthy" and status["since"] == since
+    assert status["reason"].startswith("4 failed health checks in a row: lost a worker node")
+
+
 @pytest.mark.parametrize(
     ("wait_status", "code", "words"),
     [
