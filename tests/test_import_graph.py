@@ -129,3 +129,51 @@ def test_nothing_outside_tests_imports_from_it() -> None:
             bad = sorted(n for n in imports_of(path) if n == "tests" or n.startswith("tests."))
             found += [f"{path.relative_to(REPO)}: {name}" for name in bad]
     assert found == []
+
+
+# entrypoint's wings, lowest first: a module imports from its own wing or a lower one.
+# The package's front (cli, app, __main__) sits above them all.
+ENTRYPOINT_WINGS = ("errors", "host", "argv", "watch", "start", "doctor")
+
+
+def wing_of(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ENTRYPOINT_WINGS:
+        return ENTRYPOINT_WINGS.index(parts[1])
+    return len(ENTRYPOINT_WINGS)  # entrypoint, entrypoint.cli, .app, .__main__
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{source} ({ENTRYPOINT_WINGS[wing_of(source)]}) imports {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if wing_of(target) > wing_of(source)
+    )
+
+
+def test_entrypoint_is_in_wings() -> None:
+    """Every module sits in a wing, or is the front (cli, app, __main__)."""
+    root = PACKAGES["entrypoint"]
+    loose = sorted(p.name for p in root.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "app.py", "cli.py", "errors.py"]
+    wings = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert wings == sorted(ENTRYPOINT_WINGS[1:])
+
+
+def test_entrypoint_wings_import_one_way() -> None:
+    assert upward_imports(import_graph("entrypoint", PACKAGES["entrypoint"])) == []
+
+
+def test_an_upward_import_is_found(tmp_path: Path) -> None:
+    root = tmp_path / "entrypoint"
+    for wing in ("host", "watch"):
+        (root / wing).mkdir(parents=True)
+        (root / wing / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "watch" / "probe.py").write_text("x = 1\n")
+    (root / "host" / "gpus.py").write_text("def f():\n    from entrypoint.watch import probe\n")
+    assert upward_imports(import_graph("entrypoint", root)) == [
+        "entrypoint.host.gpus (host) imports entrypoint.watch",
+        "entrypoint.host.gpus (host) imports entrypoint.watch.probe",
+    ]

@@ -318,7 +318,7 @@ RUNTIME_FILES = [
     "Dockerfile", "build/docker/install-runtime.sh", "build/docker/check-image.sh",
     "docker-compose.yml", "deploy/kubernetes/glm5.yaml", "deploy/kubernetes/glm5-lws.yaml",
     "deploy/kubernetes/qwen36-dflash.yaml", "checks/image/check_cuda_image.py",
-    "entrypoint/settings.py", "README.md", "docs/configuration.md", "docs/images.md",
+    "entrypoint/argv/settings.py", "README.md", "docs/configuration.md", "docs/images.md",
     "docs/operating.md",
 ]  # fmt: skip
 # A uid or gid as these files spell one: `USER 10001:10001`, `--uid 10001`, `runAsUser:
@@ -360,7 +360,7 @@ def test_runtime_user_and_folders_match_the_manifest(manifest: targets.Manifest)
         ("Dockerfile", "USER 10001:10001", "USER 10001:0"),
         ("docker-compose.yml", "glm5-run:/run/serve", "glm5-run:/run/frontier"),
         ("checks/image/check_cuda_image.py", "os.getuid() == 10001", "os.getuid() == 1000"),
-        ("entrypoint/settings.py", '"/run/serve/ready"', '"/run/srv/ready"'),
+        ("entrypoint/argv/settings.py", '"/run/serve/ready"', '"/run/srv/ready"'),
     ]:
         assert old in texts[name], (name, old)
         drifted = {**texts, name: texts[name].replace(old, new)}

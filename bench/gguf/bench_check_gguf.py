@@ -29,7 +29,7 @@ from synthetic_glm5 import evict, plan, write_set  # noqa: E402
 
 
 def time_check(path: Path, cfg_dir: Path) -> tuple[float, int]:
-    code = ("import sys; from entrypoint import gguf_check;"
+    code = ("import sys; from entrypoint.start import gguf_check;"
             f"sys.exit(gguf_check.main({str(path)!r}, {str(cfg_dir)!r}))")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

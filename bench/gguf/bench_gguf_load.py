@@ -167,7 +167,7 @@ def classify(model, slot, ep: bool, tp: int, spec_base: int) -> str:  # type: ig
 
 
 def child(spec: dict) -> dict:
-    from entrypoint import load_progress
+    from entrypoint.watch import load_progress
 
     os.environ[load_progress.ENV] = spec["progress"]
     os.environ["FRONTIER_GGUF_READS"] = spec.get("reads", "pread")
@@ -298,7 +298,7 @@ def mib_s(nbytes: int, seconds: float) -> str:
 def header_times(parts: list[Path]) -> dict[str, float]:
     import gguf
 
-    from entrypoint.plugin_files import module as plugin_module
+    from entrypoint.start.plugin_files import module as plugin_module
 
     headers = plugin_module("headers")
     out = {}

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from entrypoint.plugin_files import module as plugin_module  # noqa: E402
+from entrypoint.start.plugin_files import module as plugin_module  # noqa: E402
 
 GLM5 = {
     "model_type": "glm_moe_dsa", "hidden_size": 6144, "num_attention_heads": 64,

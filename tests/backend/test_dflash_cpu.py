@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.envfile import read_env_file
+from entrypoint.argv.envfile import read_env_file
 from fixtures import dflash_served, tiny_dflash, tiny_qwen36
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import vllm_in_process
+from entrypoint.start import vllm_in_process
 from fixtures.serving import free_port, run_module
 from tests.entrypoint.recording import Recorder
 
@@ -58,7 +58,7 @@ def no_exec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.fixture(scope="session")
 def vllm_table():  # type: ignore[no-untyped-def]
     """vLLM's real option table (importing vLLM takes seconds, so once per session)."""
-    from entrypoint.vllm_options import OptionTable, vllm_parser
+    from entrypoint.argv.vllm_options import OptionTable, vllm_parser
 
     return OptionTable.of(vllm_parser())
 
@@ -92,7 +92,7 @@ def listening_port() -> Iterator[int]:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     """exec and the watcher's Popen, recorded instead of started."""
-    import entrypoint.serve as serve_module
+    import entrypoint.start.serve as serve_module
 
     rec = Recorder()
     monkeypatch.setattr(os, "execvp", rec.execvp)

@@ -11,10 +11,11 @@ from pathlib import Path
 import gguf
 import pytest
 
-from entrypoint import gguf_config, preflight, probe
+from entrypoint.argv.vllm_options import DICT_OR_STR, JSON, OptionTable, json_shapes, kind_of
 from entrypoint.errors import ConfigError
-from entrypoint.statusfile import process_start, read_json, write_ready
-from entrypoint.vllm_options import DICT_OR_STR, JSON, OptionTable, json_shapes, kind_of
+from entrypoint.start import gguf_config, preflight
+from entrypoint.watch import probe
+from entrypoint.watch.statusfile import process_start, read_json, write_ready
 from tests.entrypoint.recording import Recorder, invoke
 
 
@@ -70,8 +71,8 @@ def test_values_at_the_edge_of_the_range_pass(
 
 def test_vllm_declared_bounds_are_found_through_the_option_groups(vllm_table) -> None:
     """If vLLM renames its groups, the lookup must not silently find nothing."""
-    from entrypoint.option_checks import vllm_bounds
-    from entrypoint.vllm_options import vllm_parser
+    from entrypoint.argv.option_checks import vllm_bounds
+    from entrypoint.argv.vllm_options import vllm_parser
 
     bounds = vllm_bounds(vllm_parser())
     assert len(bounds) >= 30
@@ -315,8 +316,8 @@ def test_a_service_link_vllm_port_is_dropped_with_a_warning(
         return 0
 
     rec = Recorder()
-    import entrypoint.serve as serve_module
-    from entrypoint import vllm_in_process
+    import entrypoint.start.serve as serve_module
+    from entrypoint.start import vllm_in_process
 
     monkeypatch.setattr(vllm_in_process, "run_module", run_module)
     monkeypatch.setattr(serve_module.subprocess, "Popen", rec.popen)
@@ -331,7 +332,7 @@ def test_a_service_link_vllm_port_is_dropped_with_a_warning(
 
 
 def test_the_status_says_validating_while_the_checks_run(tmp_path: Path) -> None:
-    from entrypoint.serve import mark_validating
+    from entrypoint.start.serve import mark_validating
 
     ready = tmp_path / "ready"
     _ready_for(ready, time.time(), process_start(os.getpid()))

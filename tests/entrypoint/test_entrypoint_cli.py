@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import entrypoint.serve as serve_module
-from entrypoint.statusfile import read_json
+import entrypoint.start.serve as serve_module
+from entrypoint.argv import settings
+from entrypoint.watch.statusfile import read_json
 from tests.entrypoint.recording import Recorder, invoke
 
 
@@ -128,7 +129,7 @@ def test_serve_starts_watcher_then_runs_vllm_here(
     assert result.exit_code == 3
     assert "frontier-serve: run in this process " in result.output
     assert recorder.popen_args is not None
-    assert recorder.popen_args[:3] == [sys.executable, "-m", "entrypoint.watcher"]
+    assert recorder.popen_args[:3] == [sys.executable, "-m", "entrypoint.watch.watcher"]
     config = json.loads(recorder.popen_args[3])
     assert config["pid"] == os.getpid()
     assert config["base_url"] == f"http://127.0.0.1:{base_env['SERVE_PORT']}"
@@ -171,14 +172,14 @@ def test_serve_uds_needs_watcher_off(
 @pytest.fixture
 def fake_gguf_check(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     calls: list[tuple[str, str]] = []
-    module = types.ModuleType("entrypoint.gguf_check")
+    module = types.ModuleType("entrypoint.start.gguf_check")
 
     def main(path: str, hf_config: str) -> int:
         calls.append((path, hf_config))
         return 1 if "bad" in path else 0  # 1: the check found gaps
 
     module.main = main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", module)
+    monkeypatch.setitem(sys.modules, "entrypoint.start.gguf_check", module)
     return calls
 
 
@@ -241,7 +242,6 @@ def test_serve_refuses_a_gguf_check_asked_for_a_model_that_is_no_gguf(
 
 
 def test_reserved_lists_names() -> None:
-    from entrypoint import settings
 
     result = invoke({}, "reserved")
     assert result.exit_code == 0 and "SERVE_READY_FILE" in result.stdout
@@ -250,7 +250,7 @@ def test_reserved_lists_names() -> None:
 
 
 def test_each_reserved_name_is_described_once_where_reserved_shows_it() -> None:
-    source = (Path(serve_module.__file__).parent / "settings.py").read_text()
+    source = Path(settings.__file__).read_text()
     assert "render --help" not in source and "`frontier-serve reserved`" in source
     # the constants carry no second description in a trailing comment
     import re
@@ -259,9 +259,13 @@ def test_each_reserved_name_is_described_once_where_reserved_shows_it() -> None:
 
 
 def test_serve_model_is_named_in_one_module() -> None:
-    package = Path(serve_module.__file__).parent
-    defining = [p.name for p in sorted(package.glob("*.py")) if '= "SERVE_MODEL"' in p.read_text()]
-    assert defining == ["settings.py"]
+    package = Path(settings.__file__).parents[1]
+    defining = [
+        str(p.relative_to(package))
+        for p in sorted(package.rglob("*.py"))
+        if '= "SERVE_MODEL"' in p.read_text()
+    ]
+    assert defining == ["argv/settings.py"]
 
 
 def test_the_watcher_reaches_vllm_where_preflight_says_it_listens() -> None:
@@ -308,11 +312,11 @@ def test_preflight_skips_unknown_architectures_unless_asked(
 ) -> None:
     import argparse
 
-    from entrypoint import preflight
+    from entrypoint.start import preflight
 
-    module = types.ModuleType("entrypoint.gguf_check")
+    module = types.ModuleType("entrypoint.start.gguf_check")
     module.main = lambda path, hf_config: 3  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "entrypoint.gguf_check", module)
+    monkeypatch.setitem(sys.modules, "entrypoint.start.gguf_check", module)
     env = {"SERVE_PREFLIGHT_GGUF": explicit} if explicit else {}
     namespace = argparse.Namespace(model="/m/gemma.gguf", hf_config_path="/cfg")
     assert preflight.gguf_preflight(env, namespace) == expected

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.envfile import read_env_file
+from entrypoint.argv.envfile import read_env_file
 from fixtures import dflash_served
 from fixtures.serving import (
     REPO,

@@ -21,9 +21,9 @@ import pytest
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
-from entrypoint import gpus, hostinfo
 from entrypoint.app import app
-from entrypoint.doctor_context import CPU_BUILD
+from entrypoint.doctor.context import CPU_BUILD
+from entrypoint.host import gpus, hostinfo
 from tests.entrypoint.stand_in_hub import StandInHub, running_stand_in_hub
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def test_bare_gguf_config_from_the_file_unreadable_then_stand_in_cached(
 ) -> None:  # fmt: skip
     """No config.json beside the GGUF: serve would extract one. transformers cannot read
     glm-dsa, which is a blocker; a cached extraction (a stand-in folder here) is used."""
-    from entrypoint import gguf_config
+    from entrypoint.start import gguf_config
 
     bare = tmp_path / "bare" / tiny_glm5.name
     bare.parent.mkdir()
@@ -211,7 +211,7 @@ def test_bad_settings_fail_the_argv_row_and_bad_usage_exits_2(
 def test_a_check_that_raises_is_its_rows_fail(
     vllm_table: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from entrypoint.doctor import run
+    from entrypoint.doctor.report import run
 
     def broken(path: str = hostinfo.SHM) -> int:
         raise RuntimeError("statvfs went away")
@@ -352,7 +352,7 @@ def test_stand_in_nvml_answers_become_driver_info() -> None:
 
 @pytest.mark.process
 def test_image_cuda_is_read_without_importing_torch() -> None:
-    code = ("import sys; from entrypoint import hostinfo; print(hostinfo.image_cuda());"
+    code = ("import sys; from entrypoint.host import hostinfo; print(hostinfo.image_cuda());"
             "sys.exit(3 if 'torch' in sys.modules else 0)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=60)  # fmt: skip

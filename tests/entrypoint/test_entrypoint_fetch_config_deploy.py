@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from entrypoint import hub_files
-from entrypoint.envfile import read_env_file
+from entrypoint.argv.envfile import read_env_file
+from entrypoint.start import hub_files
 
 REPO = Path(__file__).resolve().parents[2]
 yaml = pytest.importorskip("yaml")

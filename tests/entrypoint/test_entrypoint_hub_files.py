@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import hub_files
+from entrypoint.start import hub_files
 from fixtures.serving import free_port
 from tests.entrypoint.stand_in_hub import COMMIT, StandInHub, running_stand_in_hub
 
@@ -157,13 +157,13 @@ def test_hf_token_reaches_a_private_repo(tmp_path: Path) -> None:
 
 SERVE_WITH_RECORDING_CHECK = """
 import json, os, sys, types
-check = types.ModuleType("entrypoint.gguf_check")
+check = types.ModuleType("entrypoint.start.gguf_check")
 def main(path, hf_config):
     listing = sorted(os.listdir(hf_config)) if os.path.isdir(hf_config) else None
     print("CHECK " + json.dumps([path, hf_config, listing]), flush=True)
     return 1  # stop here: never exec vLLM
 check.main = main
-sys.modules["entrypoint.gguf_check"] = check
+sys.modules["entrypoint.start.gguf_check"] = check
 from entrypoint.cli import main as cli
 sys.exit(cli(["serve", "--env-file", "profiles/glm5.env"]))
 """

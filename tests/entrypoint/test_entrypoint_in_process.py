@@ -1,4 +1,4 @@
-"""vLLM's default program runs in serve's interpreter (entrypoint/vllm_in_process.py).
+"""vLLM's default program runs in serve's interpreter (entrypoint/start/vllm_in_process.py).
 
 The modules here are written to a temporary folder and run for real; the real vLLM
 run through this path is covered by the CPU tier's server tests (fixtures/serving.py)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import vllm_in_process
-from entrypoint.vllm_in_process import module_of
+from entrypoint.start import vllm_in_process
+from entrypoint.start.vllm_in_process import module_of
 
 # The conftest tripwire replaces run_module in unit tests; these call the real one.
 REAL_RUN_MODULE = vllm_in_process.run_module
@@ -33,8 +33,8 @@ def write_module(folder: Path, name: str, body: str) -> None:
 def test_only_serves_own_default_program_runs_here() -> None:
     default = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert module_of(default, "") == "vllm.entrypoints.openai.api_server"
-    assert module_of([sys.executable, "-m", "entrypoint.vllm_serve"], " ") == (
-        "entrypoint.vllm_serve"
+    assert module_of([sys.executable, "-m", "entrypoint.start.vllm_serve"], " ") == (
+        "entrypoint.start.vllm_serve"
     )
     assert module_of(default, '["python", "-m", "x"]') is None  # SERVE_EXEC set: exec
     assert module_of(["python3", "-m", "vllm.entrypoints.openai.api_server"], "") is None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import load_progress
-from entrypoint.statusfile import read_json
-from entrypoint.watcher import Tracker, WatchConfig
+from entrypoint.watch import load_progress
+from entrypoint.watch.statusfile import read_json
+from entrypoint.watch.watcher import Tracker, WatchConfig
 
 gguf_tensors = pytest.importorskip("vllm_gguf_plugin.gguf_tensors")
 pytestmark = pytest.mark.vllm
@@ -63,8 +63,8 @@ def test_the_plugins_last_line_is_the_weights_loaded_milestone(
 ) -> None:
     """On the GGUF path vLLM logs no "Loading weights took"; the plugin's own last
     progress line of a rank marks the step instead."""
-    from entrypoint import steps
-    from entrypoint.log_capture import milestone
+    from entrypoint.watch import steps
+    from entrypoint.watch.log_capture import milestone
 
     monkeypatch.delenv(load_progress.ENV, raising=False)
     monkeypatch.setattr(gguf_tensors, "_rank", lambda: 3)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import log_capture, steps, vllm_logging
-from entrypoint.log_capture import LogTail, milestone, root_exception
-from entrypoint.watcher import Tracker, WatchConfig
+from entrypoint.start import vllm_logging
+from entrypoint.watch import log_capture, steps
+from entrypoint.watch.log_capture import LogTail, milestone, root_exception
+from entrypoint.watch.watcher import Tracker, WatchConfig
 from fixtures.serving import PYTHONPATH, REPO
 
 # One sample message per milestone, made from the format string in vLLM 0.32.0's own
@@ -178,7 +179,7 @@ def test_a_gpu_start_goes_through_every_step_in_order(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("runner", ["V1", "V2"])
 def test_status_names_the_model_runner(tmp_path: Path, runner: str) -> None:
-    from entrypoint.status_summary import summarize
+    from entrypoint.watch.status_summary import summarize
 
     tracker, log = tracker_with_log(tmp_path, cuda_graphs=True)
     assert "model_runner" not in tracker.status()

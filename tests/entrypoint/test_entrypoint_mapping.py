@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from entrypoint import settings
+from entrypoint.argv import settings
+from entrypoint.argv.mapping import map_environment, option_for
 from entrypoint.errors import ConfigError
-from entrypoint.mapping import map_environment, option_for
 
 MODEL = {"SERVE_MODEL": "org/model"}
 
@@ -272,7 +272,7 @@ def test_reserved_names_are_never_mapped(vllm_table) -> None:
 
 
 def test_no_name_of_ours_in_the_vllm_namespace() -> None:
-    import entrypoint.settings as module
+    import entrypoint.argv.settings as module
 
     names = [v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)]
     assert not [n for n in names if n.startswith("VLLM_")]

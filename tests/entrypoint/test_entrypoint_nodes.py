@@ -1,4 +1,4 @@
-"""Multi-node roles (entrypoint/nodes.py): leader and headless worker from SERVE_* env,
+"""Multi-node roles (entrypoint/argv/nodes.py): leader and headless worker from SERVE_* env,
 and every layout mistake refused before anything loads, naming the variable.
 
 The parser is the installed vLLM's; the leader is a real socket on 127.0.0.1. Tests
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import gpus, nodes
+from entrypoint.argv import nodes
+from entrypoint.argv.render import render
 from entrypoint.errors import ConfigError
-from entrypoint.render import render
-from entrypoint.statusfile import read_json
+from entrypoint.host import gpus
+from entrypoint.watch.statusfile import read_json
 from tests.entrypoint.recording import Recorder, invoke
 
 LEADER = {"SERVE_NNODES": "2", "SERVE_NODE_RANK": "0", "SERVE_MASTER_ADDR": "127.0.0.1",
@@ -57,7 +58,7 @@ def test_worker_is_headless_through_vllm_serve(vllm_table, base_env: dict[str, s
     """vLLM's api_server module ignores --headless; only `vllm serve` honours it."""
     rendered = render({**base_env, **WORKER})
     assert rendered.node.role == nodes.WORKER
-    assert rendered.program[1:] == ["-m", "entrypoint.vllm_serve"]
+    assert rendered.program[1:] == ["-m", "entrypoint.start.vllm_serve"]
     assert rendered.argv[-1] == "--headless" and rendered.namespace.headless is True
     # Saying it explicitly gives the same options (in name order).
     explicit = render({**base_env, **WORKER, "SERVE_HEADLESS": "true"}).argv
@@ -157,7 +158,7 @@ def test_worker_joins_a_listening_leader_and_watches_its_api(
     env = {**base_env, **WORKER, "SERVE_MASTER_PORT": str(listening_port)}
     invoke(env, "serve")
     assert recorder.exec_argv is not None and recorder.exec_argv[-1] == "--headless"
-    assert recorder.exec_argv[1:3] == ["-m", "entrypoint.vllm_serve"]
+    assert recorder.exec_argv[1:3] == ["-m", "entrypoint.start.vllm_serve"]
     assert recorder.popen_args is not None
     config = json.loads(recorder.popen_args[-1])
     assert config["base_url"] == f"http://127.0.0.1:{base_env['SERVE_PORT']}"
@@ -278,7 +279,7 @@ def test_leader_counts_remote_ranks_from_the_kernel_tables() -> None:
     import subprocess
     import sys
 
-    from entrypoint import node_links
+    from entrypoint.watch import node_links
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -333,7 +334,7 @@ def test_the_group_at_ready_comes_from_a_complete_count(monkeypatch: pytest.Monk
     become the group's membership: a later loss would go unnamed (seen once in CI)."""
     from collections import Counter
 
-    from entrypoint import node_links, watcher
+    from entrypoint.watch import node_links, watcher
 
     counts = iter([Counter({"10.0.0.2": 1}), Counter({"10.0.0.2": 2}), Counter()])
     monkeypatch.setattr(node_links, "remote_ranks", lambda port, pids: next(counts))

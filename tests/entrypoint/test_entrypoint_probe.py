@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.probe import main, probe, status_text
-from entrypoint.statusfile import process_start, write_json_atomic
-from entrypoint.statusfile import write_ready as write_ready_file
+from entrypoint.watch.probe import main, probe, status_text
+from entrypoint.watch.statusfile import process_start, write_json_atomic
+from entrypoint.watch.statusfile import write_ready as write_ready_file
 
 
 def write_ready(folder: Path, heartbeat: float, pid: int | None = None) -> str:

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import pytest
 
-from entrypoint.statusfile import process_start, read_json, read_ready, write_ready
-from entrypoint.watcher import WatchConfig
+from entrypoint.watch.statusfile import process_start, read_json, read_ready, write_ready
+from entrypoint.watch.watcher import WatchConfig
 from fixtures.serving import wait_for
 
 pytestmark = pytest.mark.process
@@ -150,7 +150,7 @@ def watched(
         failures=3,
     )
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "entrypoint.watcher", config.to_json()], env=ENV, cwd=REPO
+        [sys.executable, "-m", "entrypoint.watch.watcher", config.to_json()], env=ENV, cwd=REPO
     )
     yield target, watcher, config
     for proc in (target, watcher):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.envfile import read_env_file
-from entrypoint.render import render
+from entrypoint.argv.envfile import read_env_file
+from entrypoint.argv.render import render
 
 SPEC = '{"method":"dflash","model":"z-lab/Qwen3.6-27B-DFlash","num_speculative_tokens":15}'
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_glm5_lws_layers_the_two_profiles() -> None:
 
 
 @pytest.mark.parametrize(("rank", "program"), [
-    ("0", "vllm.entrypoints.openai.api_server"), ("1", "entrypoint.vllm_serve")])
+    ("0", "vllm.entrypoints.openai.api_server"), ("1", "entrypoint.start.vllm_serve")])
 def test_glm5_2node(vllm_table, rank: str, program: str) -> None:
     """TP4 × PP2 over 2 nodes; each node adds its rank and the leader's address (LWS)."""
     env = {**glm5_2node_env(), "SERVE_NODE_RANK": rank,

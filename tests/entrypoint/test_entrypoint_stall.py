@@ -2,7 +2,7 @@
 step's stall limit, one that keeps moving is never ended, and `probe --live` says which.
 
 In-process cases drive the watcher's Tracker with a clock of their own; the process
-cases run the real watcher (`python -m entrypoint.watcher`) over a stand-in for vLLM (a
+cases run the real watcher (`python -m entrypoint.watch.watcher`) over a stand-in for vLLM (a
 sleeping process with a child, as vLLM's engine) whose load progress files the test
 writes as the plugin's ranks do.
 """
@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import probe, settings, stall, status_summary
+from entrypoint.argv import settings
 from entrypoint.errors import ConfigError
-from entrypoint.statusfile import pid_alive, read_json, write_json_atomic
-from entrypoint.steps import COMPILING, LOADING
-from entrypoint.watcher import STARTING, Tracker, WatchConfig
+from entrypoint.watch import probe, stall, status_summary
+from entrypoint.watch.statusfile import pid_alive, read_json, write_json_atomic
+from entrypoint.watch.steps import COMPILING, LOADING
+from entrypoint.watch.watcher import STARTING, Tracker, WatchConfig
 from tests.entrypoint.test_entrypoint_process import ENV, REPO, FakeVllm, fake_server  # noqa: F401
 
 GIB = 2**30
@@ -173,7 +174,7 @@ def stalled_start(tmp_path: Path, fake_server: str) -> Iterator[tuple[subprocess
                          interval=0.2, timeout=0.5, load_progress_dir=str(folder),
                          stall={**settings.DEFAULT_STALL, "SERVE_STALL_LOAD": 3.0},
                          stall_grace=1.0)
-    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.watcher", config.to_json()],
+    watcher = subprocess.Popen([sys.executable, "-m", "entrypoint.watch.watcher", config.to_json()],
                                env=ENV, cwd=REPO)
     yield target, {"engine": engine, "folder": folder, "config": config, "watcher": watcher}
     FakeVllm.health = 200

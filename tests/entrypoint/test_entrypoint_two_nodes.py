@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import process_tree
+from entrypoint.watch import process_tree
 from fixtures.serving import (
     START_TIMEOUT,
     Served,

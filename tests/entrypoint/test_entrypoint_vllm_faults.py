@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import probe
-from entrypoint.statusfile import read_json, read_ready, write_ready
+from entrypoint.watch import probe
+from entrypoint.watch.statusfile import read_json, read_ready, write_ready
 from fixtures.serving import (
     START_TIMEOUT,
     Served,

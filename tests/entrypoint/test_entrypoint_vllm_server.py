@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import steps
-from entrypoint.statusfile import read_ready
+from entrypoint.watch import steps
+from entrypoint.watch.statusfile import read_ready
 from fixtures.serving import (
     START_TIMEOUT,
     Served,

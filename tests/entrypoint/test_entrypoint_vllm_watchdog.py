@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from entrypoint import metrics, steps
+from entrypoint.watch import metrics, steps
 from fixtures.serving import (
     START_TIMEOUT,
     Served,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.settings import status_path_for
-from entrypoint.statusfile import process_start, write_json_atomic, write_ready
-from entrypoint.wait import describe, wait
+from entrypoint.argv.settings import status_path_for
+from entrypoint.watch.statusfile import process_start, write_json_atomic, write_ready
+from entrypoint.watch.wait import describe, wait
 from fixtures.serving import run_entrypoint
 
 pytestmark = pytest.mark.process  # runs `python -m entrypoint wait` as users do

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
-from entrypoint import metrics, settings, startup_history, status_summary, watcher
+from entrypoint.argv import settings
 from entrypoint.errors import ConfigError
+from entrypoint.watch import metrics, startup_history, status_summary, watcher
 
 # As vLLM 0.32's prometheus_client writes them (names, labels, a histogram's _count).
 METRICS = """\

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import pytest
 
-from entrypoint.statusfile import (
+from entrypoint.watch.statusfile import (
     describe_wait_status,
     pid_alive,
     process_start,
@@ -21,7 +21,7 @@ from entrypoint.statusfile import (
     write_json_atomic,
     zombie_exit_status,
 )
-from entrypoint.watcher import Tracker, WatchConfig, check_health
+from entrypoint.watch.watcher import Tracker, WatchConfig, check_health
 
 
 class Clock:
@@ -87,7 +87,7 @@ def test_the_ready_file_never_runs_ahead_of_the_status(
 ) -> None:
     # What a reader finds on disk at each file operation, in order: the readiness file
     # must never exist while the status says anything but ready.
-    import entrypoint.watcher as watcher
+    import entrypoint.watch.watcher as watcher
 
     seen: list[tuple[bool, str | None]] = []
 
@@ -241,7 +241,7 @@ def test_check_health_ignores_proxy_settings(
 
 
 def test_api_key_for_health_checks() -> None:
-    from entrypoint.watcher import api_key_from
+    from entrypoint.watch.watcher import api_key_from
 
     assert api_key_from({}) is None
     assert api_key_from({"SERVE_API_KEY": "k1"}) == "k1"

@@ -1,4 +1,4 @@
-"""The leader's heartbeat (entrypoint/node_heartbeat.py): real sockets on 127.0.0.1 and a
+"""The leader's heartbeat (entrypoint/watch/node_heartbeat.py): real sockets on 127.0.0.1 and a
 real process that is stopped (SIGSTOP) and continued, as a frozen node's watcher is."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import node_heartbeat, node_links, watcher
+from entrypoint.watch import node_heartbeat, node_links, watcher
 from fixtures.serving import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def test_a_watcher_answers_and_a_silent_listener_does_not() -> None:
 def test_a_stopped_process_stops_answering_and_answers_again() -> None:
     port = free_port()
     code = (
-        "import time\nfrom entrypoint import node_heartbeat\n"
+        "import time\nfrom entrypoint.watch import node_heartbeat\n"
         f"node_heartbeat.start_answering({port})\ntime.sleep(120)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)

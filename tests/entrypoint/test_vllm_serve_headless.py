@@ -1,4 +1,4 @@
-"""A headless worker node's end (entrypoint/vllm_serve.py): named when asked, never 0
+"""A headless worker node's end (entrypoint/start/vllm_serve.py): named when asked, never 0
 when not.
 
 The node here is a real process that does what vLLM's `run_headless` does for a
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.process
 
 NODE = textwrap.dedent("""
     import multiprocessing, multiprocessing.connection, signal, sys, time
-    from entrypoint.vllm_serve import run_headless_node
+    from entrypoint.start.vllm_serve import run_headless_node
 
     def rank():
         time.sleep(float(sys.argv[1]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import gguf_check
+from entrypoint.start import gguf_check
 from fixtures.tiny_glm5_gguf import Tiny, write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def test_passes_on_the_intact_file(tiny_gguf: Path) -> None:
 
 def test_main_accepts_config_file_and_reads_headers_only(tiny_gguf: Path) -> None:
     code = (
-        "import sys; from entrypoint import gguf_check as g;"
+        "import sys; from entrypoint.start import gguf_check as g;"
         f"rc = g.main({str(tiny_gguf)!r}, {str(tiny_gguf.parent / 'config.json')!r});"
         "heavy = [m for m in ('vllm', 'torch') if m in sys.modules];"
         "sys.exit(rc or (3 if heavy else 0))"

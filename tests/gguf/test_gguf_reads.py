@@ -109,7 +109,7 @@ def test_bad_settings_are_named(monkeypatch, name: str, value: str) -> None:  # 
 
 def test_serve_refuses_what_the_reader_refuses() -> None:
     """The entrypoint checks these settings before the start; the ranks read the same."""
-    from entrypoint import preflight
+    from entrypoint.start import preflight
 
     assert (preflight.GGUF_READS, preflight.GGUF_READS_MODES) == (
         gguf_reads.MODE_ENV, gguf_reads.MODES)

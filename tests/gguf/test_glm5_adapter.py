@@ -24,7 +24,7 @@ from vllm_gguf_plugin.weights_adapter import get_weights_adapter
 from vllm_gguf_plugin.weights_adapter.glm_dsa import GGUFLoadError, MLAGGUFAdapter
 from vllm_gguf_plugin.weights_adapter.mla_tensors import fuse_kv_b
 
-from entrypoint import gguf_check
+from entrypoint.start import gguf_check
 from fixtures.tiny_glm5_gguf import (
     CONFIG,
     DEEPSEEK_V3_CONFIG,

@@ -102,7 +102,7 @@ def test_rows_a_type_cannot_hold_fall_back_to_smaller_blocks(checkpoint: Path,
 
 
 def test_the_written_pair_passes_check_gguf(checkpoint: Path, tmp_path: Path) -> None:
-    from entrypoint import gguf_check
+    from entrypoint.start import gguf_check
 
     out = tmp_path / "tiny.gguf"
     assert glm5_gguf.main([str(checkpoint), str(out), "--types", "mixed", "--mtp-seed", "1"]) == 0

@@ -14,8 +14,8 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="session")
 def gemma_config(gemma_path: Path) -> Path:
-    """Config and tokenizer read from the GGUF by entrypoint.gguf_config (cached)."""
-    from entrypoint.gguf_config import extract
+    """Config and tokenizer read from the GGUF by entrypoint.start.gguf_config (cached)."""
+    from entrypoint.start.gguf_config import extract
 
     folder, _ = extract(gemma_path)
     return folder

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import load_progress
+from entrypoint.watch import load_progress
 from fixtures.serving import Served, greedy, start_serve
 from tests.gguf_cpu.conftest import NEW_TOKENS
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint import steps
+from entrypoint.watch import steps
 from fixtures.serving import Served, greedy, run_entrypoint, start_serve, start_wait, status_json
 from tests.gguf_cpu.conftest import NEW_TOKENS
 
@@ -39,7 +39,7 @@ def server(
     served = start_serve(
         tmp_path_factory.mktemp("gemma-serve"),
         # no SERVE_HF_CONFIG_PATH/SERVE_TOKENIZER: serve reads them from the file
-        # (entrypoint.gguf_config; the gemma_config fixture warmed the same cache)
+        # (entrypoint.start.gguf_config; the gemma_config fixture warmed the same cache)
         SERVE_MODEL=str(gemma_path),
         SERVE_QUANTIZATION="gguf",
         SERVE_DTYPE="float32",  # the reference runs in float32 too
@@ -89,8 +89,8 @@ def test_the_load_reported_bytes_per_rank(server: Served, gemma_path: Path) -> N
     """The plugin in vLLM's worker wrote its progress where serve told it to."""
     import json
 
-    from entrypoint import load_progress
-    from entrypoint.plugin_files import module as plugin_module
+    from entrypoint.start.plugin_files import module as plugin_module
+    from entrypoint.watch import load_progress
 
     tensors = plugin_module("headers").read_header(gemma_path).tensors
     folder = Path(load_progress.folder_for(str(server.status)))

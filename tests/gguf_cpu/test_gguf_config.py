@@ -1,4 +1,4 @@
-"""`entrypoint.gguf_config`: config and tokenizer from a GGUF with no HF config beside it."""
+"""`entrypoint.start.gguf_config`: config and tokenizer from a GGUF with no HF config beside it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from gguf import GGUFWriter
 
 from entrypoint.errors import ConfigError
-from entrypoint.gguf_config import (
+from entrypoint.start.gguf_config import (
     HF_CONFIG_PATH,
     MODEL,
     TOKENIZER,
@@ -97,8 +97,8 @@ def test_explicit_tokenizer_is_kept(gemma_path: Path) -> None:
 
 def test_rendered_argv_carries_the_extracted_folder(gemma_path: Path) -> None:
     """What `serve` execs once prepare() applies with_gguf_config (the lead's hook)."""
-    from entrypoint.gguf_config import with_gguf_config
-    from entrypoint.render import render
+    from entrypoint.argv.render import render
+    from entrypoint.start.gguf_config import with_gguf_config
 
     env = with_gguf_config({MODEL: str(gemma_path), "SERVE_QUANTIZATION": "gguf"})
     argv = render(env).argv
@@ -110,7 +110,7 @@ def test_rendered_argv_carries_the_extracted_folder(gemma_path: Path) -> None:
 def test_one_gguf_header_reader_with_bounds_checks(tmp_path: Path) -> None:
     """gguf_config reads through the plugin's gguf_headers: a truncated file is
     a ConfigError naming it, not a struct.error or a silent short read."""
-    import entrypoint.gguf_config as gguf_config
+    import entrypoint.start.gguf_config as gguf_config
 
     source = Path(gguf_config.__file__).read_text()
     assert "struct" not in source and "plugin_files.module(\"headers\")" in source
@@ -126,7 +126,7 @@ def test_plugin_files_fall_back_to_the_overlay(monkeypatch: pytest.MonkeyPatch) 
     modules come from patches/vllm-gguf-plugin/files."""
     import importlib.util
 
-    from entrypoint import plugin_files
+    from entrypoint.start import plugin_files
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.envfile import read_env_file
+from entrypoint.argv.envfile import read_env_file
 from fixtures import glm5_gguf, glm5_served, tiny_glm5_hf
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

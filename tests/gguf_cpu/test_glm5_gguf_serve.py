@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.envfile import read_env_file
+from entrypoint.argv.envfile import read_env_file
 from fixtures import glm5_served
 from fixtures.serving import (
     REPO,

@@ -34,7 +34,7 @@ from .gguf_tensors import file_location, will_read
 MODE_ENV = "FRONTIER_GGUF_READS"
 MODES = ("pread", "mmap")
 READERS_ENV = "FRONTIER_GGUF_READERS"
-READERS_MAX = 64  # entrypoint/preflight.py refuses the same range before the start
+READERS_MAX = 64  # entrypoint/start/preflight.py refuses the same range before the start
 PIECE = 8 << 20  # one pread(); a larger range is read as pieces by the reader threads
 STAGE = 32 << 20  # one pinned staging buffer (two per device)
 

@@ -3,7 +3,7 @@
 vLLM keeps this process (same pid, PID 1 in a container), so it receives
 SIGTERM/SIGINT directly and its exit code is the container's. The default program
 runs in this interpreter, reusing the vLLM modules that validation imported
-(entrypoint/vllm_in_process.py); a SERVE_EXEC program replaces it through exec.
+(entrypoint/start/vllm_in_process.py); a SERVE_EXEC program replaces it through exec.
 The watcher is a fresh interpreter started just before; it is vLLM's child and
 ends when vLLM ends.
 """
@@ -20,20 +20,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from entrypoint import (
-    gpus,
-    load_progress,
-    node_heartbeat,
-    nodes,
-    settings,
-    startup_history,
-    vllm_in_process,
-    vllm_logging,
-)
+from entrypoint.argv import nodes, settings
+from entrypoint.argv.render import Rendered, render
 from entrypoint.errors import ConfigError
-from entrypoint.gguf_config import with_gguf_config
-from entrypoint.hub_files import fetch_all, repos_from_namespace
-from entrypoint.preflight import (
+from entrypoint.host import gpus
+from entrypoint.start import vllm_in_process, vllm_logging
+from entrypoint.start.gguf_config import with_gguf_config
+from entrypoint.start.hub_files import fetch_all, repos_from_namespace
+from entrypoint.start.preflight import (
     check_gguf_reads,
     check_gguf_request,
     check_port_free,
@@ -41,11 +35,11 @@ from entrypoint.preflight import (
     gguf_preflight,
     listen_host,
 )
-from entrypoint.render import Rendered, render
-from entrypoint.statusfile import remove_quietly, write_atomic, write_json_atomic
-from entrypoint.steps import IMPORTING_VLLM, PREFLIGHT, Steps
-from entrypoint.steps import VALIDATING as VALIDATING_STEP
-from entrypoint.watcher import EXITED, VALIDATING, Tracker, WatchConfig
+from entrypoint.watch import load_progress, node_heartbeat, startup_history
+from entrypoint.watch.statusfile import remove_quietly, write_atomic, write_json_atomic
+from entrypoint.watch.steps import IMPORTING_VLLM, PREFLIGHT, Steps
+from entrypoint.watch.steps import VALIDATING as VALIDATING_STEP
+from entrypoint.watch.watcher import EXITED, VALIDATING, Tracker, WatchConfig
 
 # vLLM's own switches for its logging setup (vllm/envs.py); read, never set, except
 # VLLM_LOGGING_CONFIG_PATH, which serve points at its capture config.
@@ -282,7 +276,7 @@ def start_watcher(config: WatchConfig) -> subprocess.Popen[bytes]:
             config.log_file, config.log_capture_off = None, why
     Tracker(config, extra={"watcher_pid": None}).write()
     return subprocess.Popen(
-        [sys.executable, "-m", "entrypoint.watcher", config.to_json()],
+        [sys.executable, "-m", "entrypoint.watch.watcher", config.to_json()],
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # keep terminal Ctrl-C for vLLM alone
         close_fds=True,

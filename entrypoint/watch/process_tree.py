@@ -15,7 +15,7 @@ import os
 import signal
 import time
 
-from entrypoint.statusfile import pid_alive, process_start
+from entrypoint.watch.statusfile import pid_alive, process_start
 
 
 def _children(pid: int) -> list[int]:

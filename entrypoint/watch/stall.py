@@ -2,7 +2,7 @@
 
 Progress is what a start shows from outside: a new step (vLLM's log milestones), a new
 detail within one, or more weight bytes loaded (the plugin's per-rank progress files).
-Each step has a limit of its own (entrypoint/settings.py, SERVE_STALL_*): weight loading
+Each step has a limit of its own (entrypoint/argv/settings.py, SERVE_STALL_*): weight loading
 reports bytes, so its limit is short; compilation and CUDA graph capture report nothing
 until they finish, so theirs is long. A start still past its limit is ended, so that a
 restart policy can act, instead of a fixed budget that kills a slow disk's load midway
@@ -16,9 +16,9 @@ import os
 import signal
 import time
 
-from entrypoint import settings
-from entrypoint.statusfile import pid_alive, process_start
-from entrypoint.steps import CAPTURING, COMPILING, LOADING, WARMING_UP
+from entrypoint.argv import settings
+from entrypoint.watch.statusfile import pid_alive, process_start
+from entrypoint.watch.steps import CAPTURING, COMPILING, LOADING, WARMING_UP
 
 # Steps that say nothing until they end. Loading is one where no rank reports bytes
 # (safetensors; a hub download inside vLLM), so it gets the long limit too.

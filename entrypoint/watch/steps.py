@@ -1,7 +1,7 @@
 """The steps of one start, as `status`, `wait` and the startup history name them.
 
 `serve` records the first three (validating, importing vLLM, preflight); the watcher
-the rest, from vLLM's log (entrypoint/log_capture.py) and its health checks.
+the rest, from vLLM's log (entrypoint/watch/log_capture.py) and its health checks.
 Stdlib-only.
 """
 

@@ -13,10 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from entrypoint import settings
-from entrypoint.errors import ConfigError
-from entrypoint.settings import MODEL, PREFIX, SettingError, parse_bool
-from entrypoint.vllm_options import (
+from entrypoint.argv import settings
+from entrypoint.argv.settings import MODEL, PREFIX, SettingError, parse_bool
+from entrypoint.argv.vllm_options import (
     APPEND,
     BOOL,
     DICT_OR_STR,
@@ -30,6 +29,7 @@ from entrypoint.vllm_options import (
     kind_of,
     shape_of,
 )
+from entrypoint.errors import ConfigError
 
 _ARG_ERRORS = (ValueError, TypeError, argparse.ArgumentTypeError)
 

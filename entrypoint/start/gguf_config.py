@@ -15,7 +15,7 @@ The cache key is the file's real path, size and mtime plus the transformers
 version, so an edited file or a new transformers is extracted again. Hashing a
 multi-hundred-GB GGUF on every start would cost minutes; this costs a stat.
 Extraction of a 262k-token tokenizer takes minutes on a small CPU; the smoke image
-warms the cache at build time with `python -m entrypoint.gguf_config MODEL.gguf`.
+warms the cache at build time with `python -m entrypoint.start.gguf_config MODEL.gguf`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from entrypoint import plugin_files
-from entrypoint.cachedir import frontier_cache
+from entrypoint.argv.settings import MODEL
 from entrypoint.errors import ConfigError
-from entrypoint.settings import MODEL
+from entrypoint.host.cachedir import frontier_cache
+from entrypoint.start import plugin_files
 
 HF_CONFIG_PATH = "SERVE_HF_CONFIG_PATH"
 TOKENIZER = "SERVE_TOKENIZER"
@@ -206,10 +206,10 @@ def with_gguf_config(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m entrypoint.gguf_config MODEL.gguf`: warm the cache, print the folder."""
+    """`python -m entrypoint.start.gguf_config MODEL.gguf`: warm the cache, print the folder."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        _stderr("usage: python -m entrypoint.gguf_config MODEL.gguf")
+        _stderr("usage: python -m entrypoint.start.gguf_config MODEL.gguf")
         return 2
     try:
         updates = gguf_config_env({MODEL: args[0]}, log=_stderr)

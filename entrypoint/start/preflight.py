@@ -12,9 +12,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from entrypoint import settings
+from entrypoint.argv import settings
 from entrypoint.errors import ConfigError
-from entrypoint.gguf_hook import GGUF_NO_LAYOUT, resolve_hf_config, run_gguf_check
+from entrypoint.start.gguf_hook import GGUF_NO_LAYOUT, resolve_hf_config, run_gguf_check
 
 
 def check_writable(path: str, name: str) -> None:

@@ -9,7 +9,7 @@ the container log that could block or die.
 - handler `vllm` is vLLM's default handler, built from vLLM's own definitions, so
   what vLLM prints does not change;
 - it also appends each record as one JSON line to the capture file, which the
-  watcher reads (entrypoint/log_capture.py), and records uncaught exceptions
+  watcher reads (entrypoint/watch/log_capture.py), and records uncaught exceptions
   (sys.excepthook, chained: the traceback still reaches stderr), since vLLM's API
   server dies on those without logging them.
 

@@ -13,7 +13,7 @@ when its ranks' monitor stops waiting. So a node that ended on its own and one t
 was asked to stop looked the same: exit 0, no word (issue 45's two-node flake). Here
 the stop signal is named when it comes, and an end without one exits 1, saying so.
 
-Run as `python -m entrypoint.vllm_serve VLLM_OPTIONS...`; it imports nothing of the
+Run as `python -m entrypoint.start.vllm_serve VLLM_OPTIONS...`; it imports nothing of the
 entrypoint, only vLLM.
 """
 

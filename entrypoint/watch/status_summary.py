@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from entrypoint.steps import LOADING, STARTING_ENGINE, STARTING_VLLM
+from entrypoint.watch.steps import LOADING, STARTING_ENGINE, STARTING_VLLM
 
 GIB = 2**30
 # Steps during which the weights' byte count is the news (without vLLM's log the

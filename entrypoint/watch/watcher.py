@@ -1,6 +1,6 @@
 """Readiness watcher: a small stdlib-only process that outlives the exec into vLLM.
 
-`serve` starts it (`python -m entrypoint.watcher CONFIG_JSON`) just before it execs
+`serve` starts it (`python -m entrypoint.watch.watcher CONFIG_JSON`) just before it execs
 vLLM, so vLLM keeps the entrypoint's pid and is the watcher's parent. The watcher
 polls /health and /v1/models, keeps the readiness file and status JSON current,
 and ends as soon as vLLM ends (pidfd, or polling the pid where pidfds are missing).
@@ -22,18 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from entrypoint import (
+from entrypoint.argv import settings
+from entrypoint.watch import (
     load_progress,
     metrics,
     node_heartbeat,
     node_links,
-    settings,
     stall,
     startup_history,
 )
-from entrypoint.log_capture import WARM_UP_FOLLOWS, LogTail, milestone, model_runner
-from entrypoint.process_tree import descendants, stop_leftovers
-from entrypoint.statusfile import (
+from entrypoint.watch.log_capture import WARM_UP_FOLLOWS, LogTail, milestone, model_runner
+from entrypoint.watch.process_tree import descendants, stop_leftovers
+from entrypoint.watch.statusfile import (
     describe_wait_status,
     pid_alive,
     process_start,
@@ -42,7 +42,7 @@ from entrypoint.statusfile import (
     write_ready,
     zombie_exit_status,
 )
-from entrypoint.steps import (
+from entrypoint.watch.steps import (
     CAPTURING,
     KV_CACHE,
     SERVING,
@@ -70,11 +70,11 @@ class WatchConfig:
     # Known trouble found before the exec (e.g. a missing model folder), quoted in the
     # status if vLLM dies before it is ready: vLLM's own message is only in its log.
     hints: list[str] = field(default_factory=list)
-    # Where the plugin's loading ranks report bytes loaded (entrypoint/load_progress.py).
+    # Where the plugin's loading ranks report bytes loaded (entrypoint/watch/load_progress.py).
     load_progress_dir: str | None = None
     # The steps `serve` went through before the exec (validating, preflight).
     steps: list[dict[str, Any]] = field(default_factory=list)
-    # vLLM's log as JSON lines (entrypoint/vllm_logging.py), or None when not captured;
+    # vLLM's log as JSON lines (entrypoint/start/vllm_logging.py), or None when not captured;
     # log_capture_off says why not.
     log_file: str | None = None
     log_level: str = "INFO"
@@ -87,12 +87,12 @@ class WatchConfig:
     generation_check_interval: float = 0.0
     generation_check_timeout: float = 60.0
     history_file: str | None = None
-    # A start with no progress past its step's limit is ended (entrypoint/stall.py):
+    # A start with no progress past its step's limit is ended (entrypoint/watch/stall.py):
     # SERVE_STALL_* name -> seconds (0: off); the grace vLLM gets to exit on its own.
     stall: dict[str, float] = field(default_factory=lambda: dict(settings.DEFAULT_STALL))
     stall_grace: float = 20.0
     start_limit: float = settings.DEFAULT_START_LIMIT
-    # Multi-node: role, node rank, node count, leader (entrypoint/nodes.py); None alone.
+    # Multi-node: role, node rank, node count, leader (entrypoint/argv/nodes.py); None alone.
     node: dict[str, Any] | None = None
 
     @classmethod
@@ -448,8 +448,8 @@ class GenerationCheck:
 
 class NodeGroup:
     """Multi-node: a leader is healthy only while every remote rank stays connected
-    (entrypoint/node_links.py says why /health alone cannot tell) and every node it saw
-    serving answers its heartbeat (entrypoint/node_heartbeat.py: a frozen node closes
+    (entrypoint/watch/node_links.py says why /health alone cannot tell) and every node it saw
+    serving answers its heartbeat (entrypoint/watch/node_heartbeat.py: a frozen node closes
     nothing); a worker, whose health is the leader's API, only while its own ranks are
     connected too, and it answers the leader's heartbeat."""
 
@@ -628,7 +628,7 @@ def api_key_from(env: dict[str, str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m entrypoint.watcher CONFIG_JSON", file=sys.stderr)
+        print("usage: python -m entrypoint.watch.watcher CONFIG_JSON", file=sys.stderr)
         return 2
     # Terminal signals are for vLLM; the watcher ends when vLLM ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

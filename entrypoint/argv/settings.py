@@ -87,7 +87,7 @@ RESERVED: dict[str, str] = {
     "however it moves: a backstop (default 21600)",
 }
 
-# A start that stops moving is ended by the watcher (entrypoint/stall.py). Weight loading
+# A start that stops moving is ended by the watcher (entrypoint/watch/stall.py). Weight loading
 # reports bytes (the plugin's per-rank progress files), so its limit can be short. JIT
 # compilation and graph capture report nothing until they finish: a first GLM-5 start on
 # SM120 compiles every Triton kernel, so their limit is long.
@@ -103,7 +103,7 @@ DEFAULT_WEDGE_SECONDS = 300.0
 
 DEFAULT_READY_FILE = "/run/serve/ready"
 DEFAULT_EXEC_MODULE = "vllm.entrypoints.openai.api_server"
-HEADLESS_EXEC_MODULE = "entrypoint.vllm_serve"  # `vllm serve`, for headless worker nodes
+HEADLESS_EXEC_MODULE = "entrypoint.start.vllm_serve"  # `vllm serve`, for headless worker nodes
 
 TRUE_WORDS = frozenset({"true", "1"})
 FALSE_WORDS = frozenset({"false", "0"})

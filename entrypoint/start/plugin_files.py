@@ -19,7 +19,7 @@ from types import ModuleType
 
 PLUGIN = "vllm_gguf_plugin"
 MODULES = {"headers": "gguf_headers.py", "layout": "weights_adapter/mla_layout.py"}
-OVERLAY = Path(__file__).resolve().parents[1] / "patches" / "vllm-gguf-plugin" / "files" / PLUGIN
+OVERLAY = Path(__file__).resolve().parents[2] / "patches" / "vllm-gguf-plugin" / "files" / PLUGIN
 
 
 def plugin_root() -> Path:

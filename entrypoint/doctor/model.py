@@ -14,14 +14,15 @@ import struct
 from collections.abc import Mapping
 from pathlib import Path
 
-from entrypoint import gguf_config, hub_files, plugin_files, settings
-from entrypoint.doctor_context import FAIL, NOT_RENDERED, OK, SKIP, WARN, Context
-from entrypoint.doctor_context import Verdict as V
-from entrypoint.doctor_host import size
+from entrypoint.argv import settings
+from entrypoint.doctor.context import FAIL, NOT_RENDERED, OK, SKIP, WARN, Context
+from entrypoint.doctor.context import Verdict as V
+from entrypoint.doctor.host import size
 from entrypoint.errors import GGUF_NO_LAYOUT, ConfigError
-from entrypoint.gguf_hook import run_gguf_check
-from entrypoint.hostinfo import existing_ancestor
-from entrypoint.preflight import (
+from entrypoint.host.hostinfo import existing_ancestor
+from entrypoint.start import gguf_config, hub_files, plugin_files
+from entrypoint.start.gguf_hook import run_gguf_check
+from entrypoint.start.preflight import (
     check_port_free,
     check_writable,
     gguf_check_config,
@@ -295,7 +296,7 @@ def port_row(ctx: Context) -> V:
 
 
 def watcher_row(ctx: Context) -> V:
-    from entrypoint.serve import watch_config
+    from entrypoint.start.serve import watch_config
 
     if ctx.rendered is None:
         return V("ready file", SKIP, ctx.render_skipped or NOT_RENDERED)

@@ -6,7 +6,7 @@ quant types and bytes. Exit status: 0 when the file would load, 1 on any gap,
 2 when the inputs cannot be read at all.
 
 The layout table and the header reader live in the patched vllm-gguf-plugin
-(one source of truth with the loader); `entrypoint.plugin_files` loads them
+(one source of truth with the loader); `entrypoint.start.plugin_files` loads them
 without importing the plugin package (vLLM, torch): the check must take seconds.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from entrypoint import plugin_files
 from entrypoint.errors import GGUF_NO_LAYOUT
+from entrypoint.start import plugin_files
 
 
 def load_hf_config(hf_config: str) -> dict[str, Any]:

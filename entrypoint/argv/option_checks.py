@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from entrypoint.mapping import env_name_for
-from entrypoint.vllm_options import OptionTable
+from entrypoint.argv.mapping import env_name_for
+from entrypoint.argv.vllm_options import OptionTable
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,14 @@ from __future__ import annotations
 import sys
 import time
 
-from entrypoint.settings import ready_file_from, status_path_for
-from entrypoint.statusfile import pid_alive, process_start, read_json, read_json_or_why, read_ready
+from entrypoint.argv.settings import ready_file_from, status_path_for
+from entrypoint.watch.statusfile import (
+    pid_alive,
+    process_start,
+    read_json,
+    read_json_or_why,
+    read_ready,
+)
 
 # Clock steps between the watcher's write and the probe's read; beyond this a heartbeat
 # "in the future" is a bad file, not skew.
@@ -129,7 +135,7 @@ def status_text(ready_file: str, now: float | None = None) -> tuple[int, str]:
 
 def status_summary(ready_file: str, now: float | None = None) -> tuple[int, str]:
     """(exit code, a few lines for a person) of the status file."""
-    from entrypoint.status_summary import summarize
+    from entrypoint.watch.status_summary import summarize
 
     now = time.time() if now is None else now
     status, why = read_json_or_why(status_path_for(ready_file))
@@ -174,7 +180,7 @@ def main(argv: list[str]) -> int:
     if ready_file is None and not env_files:
         ready_file = ready_file_from()
     elif ready_file is None:
-        from entrypoint.envfile import layered_environment
+        from entrypoint.argv.envfile import layered_environment
         from entrypoint.errors import ConfigError
 
         try:

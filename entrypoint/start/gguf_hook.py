@@ -1,4 +1,4 @@
-"""Calls into `entrypoint.gguf_check` without importing it (and the plugin's GGUF
+"""Calls into `entrypoint.start.gguf_check` without importing it (and the plugin's GGUF
 reader) until a preflight runs."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["GGUF_NO_LAYOUT", "resolve_hf_config", "run_gguf_check"]
 
 
 def run_gguf_check(path: str, hf_config: str) -> int:
-    """Exit code of `entrypoint.gguf_check.main(path, hf_config)`."""
+    """Exit code of `entrypoint.start.gguf_check.main(path, hf_config)`."""
     # Through sys.modules (not the package attribute), so tests can put a stand-in there.
-    gguf_check = importlib.import_module("entrypoint.gguf_check")
+    gguf_check = importlib.import_module("entrypoint.start.gguf_check")
     return int(gguf_check.main(path, hf_config))

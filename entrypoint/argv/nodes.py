@@ -5,7 +5,7 @@ The role follows from two vLLM options, so there is nothing extra to keep in ste
 - single: `--nnodes 1` (the default), as before;
 - leader: `--nnodes N > 1`, `--node-rank 0`: the API server, ranks 0..k-1 of the group;
 - worker: `--node-rank r > 0`: a headless node (no HTTP), ranks r·k..r·k+k-1. The
-  entrypoint adds `--headless` and execs `entrypoint.vllm_serve`, since vLLM's
+  entrypoint adds `--headless` and execs `entrypoint.start.vllm_serve`, since vLLM's
   api_server module ignores `--headless`.
 
 Everything here is checked from the parsed options and the environment alone (no
@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from entrypoint import gpus, settings
+from entrypoint.argv import settings
+from entrypoint.argv.settings import SettingError
 from entrypoint.errors import ConfigError
-from entrypoint.settings import SettingError
+from entrypoint.host import gpus
 
 SINGLE, LEADER, WORKER = "single", "leader", "worker"
 HEADLESS = "SERVE_HEADLESS"
@@ -178,7 +179,7 @@ def leader_timeout(env: Mapping[str, str]) -> float:
 
 def heartbeat_port(env: Mapping[str, str], node: Node) -> int:
     """The port each worker node's watcher answers the leader's heartbeat on
-    (entrypoint/node_heartbeat.py): SERVE_HEARTBEAT_PORT, else the store's + 1000."""
+    (entrypoint/watch/node_heartbeat.py): SERVE_HEARTBEAT_PORT, else the store's + 1000."""
     name = settings.HEARTBEAT_PORT
     raw = env.get(name, "").strip()
     if not raw:

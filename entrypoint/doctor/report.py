@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 
-from entrypoint import gpus
-from entrypoint.doctor_context import FAIL, WARN, Context, Verdict
-from entrypoint.doctor_host import HOST_ROWS
-from entrypoint.doctor_model import MODEL_ROWS, gguf_config_step
+from entrypoint.doctor.context import FAIL, WARN, Context, Verdict
+from entrypoint.doctor.host import HOST_ROWS
+from entrypoint.doctor.model import MODEL_ROWS, gguf_config_step
 from entrypoint.errors import ConfigError
+from entrypoint.host import gpus
 
 Row = Callable[[Context], "Verdict | list[Verdict]"]
 NAME_WIDTH = 12
@@ -37,7 +37,7 @@ def _rows(name: str, row: Row, ctx: Context) -> list[Verdict]:
 def _render(ctx: Context) -> None:
     """vLLM's reading of the options, as `serve` makes it (GPU first: the CUDA build
     cannot build its parser without one)."""
-    from entrypoint.render import render
+    from entrypoint.argv.render import render
 
     try:
         gpus.require_gpu(dict(ctx.env))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from entrypoint import gpus, hostinfo
-from entrypoint.cachedir import frontier_cache
-from entrypoint.doctor_context import CPU_BUILD, FAIL, NOT_RENDERED, OK, SKIP, WARN, Context
-from entrypoint.doctor_context import Verdict as V
+from entrypoint.doctor.context import CPU_BUILD, FAIL, NOT_RENDERED, OK, SKIP, WARN, Context
+from entrypoint.doctor.context import Verdict as V
 from entrypoint.errors import ConfigError
+from entrypoint.host import gpus, hostinfo
+from entrypoint.host.cachedir import frontier_cache
 
 GIB = 2**30
 SHM_MIN = 1 * GIB  # below this NCCL's shared-memory transport fails between ranks

