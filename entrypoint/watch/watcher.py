@@ -186,7 +186,8 @@ class Tracker:
             # Failures while loading are expected (nothing listens yet); only a server
             # that was ready can become unhealthy. Once unhealthy, the reason follows the
             # latest failure: a cause found a round later (a lost node, whose connections
-            # or heartbeat take a moment to go) replaces the symptom seen first.
+            # or heartbeat take a moment to go) replaces the symptom seen first. A start
+            # given up before it was ready (give_up) keeps its stall reason.
             unhealthy = self.phase == UNHEALTHY and self.ever_ready
             if unhealthy or (self.phase == READY and self.failures_in_row >= self.config.failures):
                 self._enter(

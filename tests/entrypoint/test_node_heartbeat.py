@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.watch import node_heartbeat, node_links, watcher
-from fixtures.serving import free_port, wait_for
+from fixtures.serving import free_port, stopped, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,12 +35,6 @@ def test_a_watcher_answers_and_a_silent_listener_does_not() -> None:
         assert time.monotonic() - started < 2
 
 
-def process_state(pid: int) -> str:
-    """The state letter of /proc/PID/stat (T: stopped)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
 @pytest.mark.process
 def test_a_stopped_process_stops_answering_and_answers_again() -> None:
     port = free_port()
@@ -54,7 +48,7 @@ def test_a_stopped_process_stops_answering_and_answers_again() -> None:
         proc.send_signal(signal.SIGSTOP)
         # The stop lands when the kernel next schedules the process; on a loaded machine
         # a ping sent at once can still be answered (seen with make test's shards).
-        wait_for(lambda: process_state(proc.pid) == "T", 10, "stopped", step=0.05)
+        wait_for(lambda: stopped(proc.pid), 10, "stopped", step=0.05)
         assert not node_heartbeat.ping("127.0.0.1", port, timeout=1.0)
         proc.send_signal(signal.SIGCONT)
         wait_for(lambda: node_heartbeat.ping("127.0.0.1", port, 0.5), 10, "answers again",
