@@ -548,14 +548,21 @@ def sweep_variants_sm120(mod: object) -> dict[str, tuple[object, Callable[[int],
     }
     # The SM120 Gluon family: g_h{heads}n{rows}s{stages}p{producer warps}, 4 MMA warps a 16
     # heads; -q: q held in registers; -r{n}: the producers' register cap (the fp8
-    # widening keeps two tiles in flight in registers: 168 without q held, 128 with).
-    for h, n, st, pw, hq, pr in [(16, 32, 2, 4, False, 88), (16, 32, 2, 4, True, 88),
-                                 (16, 32, 2, 2, True, 88), (16, 32, 2, 4, False, 168),
-                                 (16, 32, 2, 4, True, 128), (16, 32, 2, 8, False, 96)]:
+    # widening keeps two tiles in flight in registers: 168 without q held, 128 with);
+    # -c{n}: q.kT in n independent accumulator chains.
+    for h, n, st, pw, hq, pr, ch in [
+        (16, 32, 2, 4, False, 88, 1), (16, 32, 2, 4, False, 88, 2),
+        (16, 32, 2, 4, False, 88, 3), (16, 32, 2, 4, False, 88, 4),
+        (16, 32, 2, 4, True, 88, 1), (16, 32, 2, 4, True, 88, 3),
+        (16, 32, 2, 2, True, 88, 1), (16, 32, 2, 4, False, 168, 1),
+        (16, 32, 2, 4, True, 128, 1), (16, 32, 2, 4, True, 128, 3),
+        (16, 32, 2, 8, False, 96, 1), (16, 32, 2, 8, False, 96, 3),
+        (32, 16, 3, 4, False, 88, 3), (32, 16, 3, 4, False, 88, 1),
+    ]:
         g = cfg(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True, producer_warps=pw,
-                hold_q=hq, producer_regs=pr)  # fmt: skip
+                hold_q=hq, producer_regs=pr, qk_chains=ch)  # fmt: skip
         name = f"g_h{h}n{n}s{st}p{pw}" + ("-q" if hq else "") + (f"-r{pr}" if pr != 88 else "")
-        shapes[name] = (g, any_h if h == 16 else mid)
+        shapes[name + (f"-c{ch}" if ch != 1 else "")] = (g, any_h if h == 16 else mid)
     return {
         k: v for k, v in shapes.items() if v[0].smem_estimate() <= mod.SMALL_SMEM_BYTES
     }

@@ -4,7 +4,8 @@
 # every kernel of one launch (ours: split, and merge where split-K is used).
 # Usage (repo root): bash bench/kernels/ncu_cells.sh "HEADS TOKENS [CONFIG]" ...
 # CONFIG as profile_sparse_mla.py's --config (block_h,block_n,warps,stages,ahead,per_sm,gluon),
-# or "flashmla" for FlashMLA's sparse kernel on the same cell; none: the launch-time choice.
+# or "flashmla" for FlashMLA's sparse kernel on the same cell, or "sm120" for the SM120
+# stand-in's launch-time choice; none: this GPU's launch-time choice.
 set -uo pipefail
 out="${OUT:-.bench-out}"
 mkdir -p "$out"
@@ -22,6 +23,7 @@ for cell in "$@"; do
   case "${config:-}" in
     "") ;;
     flashmla) args+=(--peer flashmla) ;;
+    sm120) args+=(--sm120) ;;
     *) args+=(--config "$config") ;;
   esac
   echo "== heads $heads tokens $tokens config ${config:-launch-time}" | tee -a "$out/ncu.txt"

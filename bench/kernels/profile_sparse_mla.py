@@ -5,7 +5,8 @@
 
 --config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm[,gluon]]; without it
 the launch-time choice runs. --peer flashmla runs FlashMLA's sparse bf16 kernel on the
-same cell instead (q padded to 64 or 128 heads beforehand, as the bench does). Three
+same cell instead (q padded to 64 or 128 heads beforehand, as the bench does). --sm120
+runs the kernel as SM120 runs it (the stand-in: mma.sync, the small-part table). Three
 launches: two warm-ups, then the profiled one, inside the NVTX range "profile"
 (`ncu --nvtx --nvtx-include profile/` picks out its kernels).
 """
@@ -21,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.kernels.bench_sparse_mla import Case, flashmla_bf16, load_flashmla  # noqa: E402
 from fixtures.kernels.kernel_loader import load_kernel_module  # noqa: E402
+from fixtures.kernels.sm120_standin import load_standin  # noqa: E402
 
 
 def main() -> int:
@@ -30,8 +32,9 @@ def main() -> int:
     ap.add_argument("--config", default="")
     ap.add_argument("--slots", type=int, default=1 << 21)
     ap.add_argument("--peer", choices=["ours", "flashmla"], default="ours")
+    ap.add_argument("--sm120", action="store_true", help="the SM120 stand-in's kernel")
     args = ap.parse_args()
-    mod = load_kernel_module()
+    mod = load_standin() if args.sm120 else load_kernel_module()
     cfg = None
     if args.config:
         f = [int(x) for x in args.config.split(",")]

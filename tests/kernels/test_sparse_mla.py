@@ -505,10 +505,13 @@ def test_gluon_sm90(cfg: object, t: int, h: int, topk: int, num_splits: int) -> 
 # sweep times and the table launches. It runs on SM90 too, so both passes test it.
 SM120_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
-                        producer_warps=pw, hold_q=hq)
-    for h, n, st, pw, hq in [(16, 32, 2, 2, False), (16, 16, 4, 2, False), (16, 16, 3, 4, False),
-                             (32, 16, 3, 2, False), (32, 32, 2, 4, False), (16, 32, 2, 4, True),
-                             (16, 32, 2, 2, True), (16, 32, 2, 8, False)]
+                        producer_warps=pw, hold_q=hq, qk_chains=ch)
+    for h, n, st, pw, hq, ch in [
+        (16, 32, 2, 2, False, 1), (16, 16, 4, 2, False, 1), (16, 16, 3, 4, False, 1),
+        (32, 16, 3, 2, False, 1), (32, 32, 2, 4, False, 1), (16, 32, 2, 4, True, 1),
+        (16, 32, 2, 2, True, 1), (16, 32, 2, 8, False, 1), (16, 32, 2, 4, False, 2),
+        (16, 32, 2, 4, False, 3), (16, 32, 2, 4, True, 4), (32, 16, 3, 4, False, 3),
+    ]
 ] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120]))
 
 
@@ -536,10 +539,12 @@ def test_gluon_sm120(cfg: object, t: int, h: int, topk: int, num_splits: int) ->
 # and builds whose producers have fewer warps or a stage more.
 SM120_FP8_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
-                        producer_warps=pw, producer_regs=pr, hold_q=hq)
-    for h, n, st, pw, pr, hq in [(16, 32, 2, 2, 168, False), (16, 16, 3, 4, 168, False),
-                                 (32, 16, 2, 4, 168, False), (16, 32, 2, 4, 168, False),
-                                 (16, 32, 2, 4, 128, True)]
+                        producer_warps=pw, producer_regs=pr, hold_q=hq, qk_chains=ch)
+    for h, n, st, pw, pr, hq, ch in [
+        (16, 32, 2, 2, 168, False, 1), (16, 16, 3, 4, 168, False, 1),
+        (32, 16, 2, 4, 168, False, 1), (16, 32, 2, 4, 168, False, 1),
+        (16, 32, 2, 4, 128, True, 1), (16, 32, 2, 8, 96, False, 3),
+    ]
 ] + [c for k, c in mod._CONFIGS_SMALL.items() if c.gluon120 and k.endswith("_fp8")]))
 
 

@@ -99,6 +99,8 @@ class SparseMLAConfig:
     # Runs on compute capability >= 9 (mbarrier try_wait).
     gluon120: bool = False
     hold_q: bool = False  # SM120 family: q in registers for the whole loop
+    # SM120 family: q.kT's MMAs in this many independent accumulator chains (1 to 4).
+    qk_chains: int = 1
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}

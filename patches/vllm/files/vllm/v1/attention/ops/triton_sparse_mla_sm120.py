@@ -305,7 +305,7 @@ if _HAS_GLUON_SM120:
         start, end, qk_scale, q_tok, h0, H, stride_qh,
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr,
-        HOLD_Q: gl.constexpr, L: gl.constexpr,
+        HOLD_Q: gl.constexpr, CHAINS: gl.constexpr, L: gl.constexpr,
     ):  # fmt: skip
         """MMA warps, head-major: per tile s = q.kvT [BLOCK_H, BLOCK_N] in KC-column
         chunks, the online softmax in base 2, and o += p.V over the rows in MK steps.
@@ -330,18 +330,40 @@ if _HAS_GLUON_SM120:
             b = i % NBUF
             mbarrier.wait(full_bars.index(b), (i // NBUF) & 1)
             kv = kv_smem.index(b)
-            s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
-            for c in gl.static_range(DV // KC):
-                if HOLD_Q:  # noqa: SIM108 - constexpr branches
-                    qa = q_regs[c]
+            # A warp's s is one m16n8 tile, so one accumulator would chain all 36 of
+            # q.kT's MMAs, each waiting for the last: chunk c goes to chain c % CHAINS.
+            s0 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+            s1 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+            s2 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+            s3 = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=L)
+            for c in gl.static_range(DV // KC + 1):
+                if c == DV // KC:  # the rope part
+                    kb = kpe_smem.index(b).permute((1, 0)).load(B)
+                    if HOLD_Q:  # noqa: SIM108 - constexpr branches
+                        qa = qpe_regs
+                    else:
+                        qa = qpe_smem.load(A)
                 else:
-                    qa = q_smem.slice(c * KC, KC, dim=1).load(A)
-                s = mma_v2(qa, kv.slice(c * KC, KC, dim=1).permute((1, 0)).load(B), s)
-            if HOLD_Q:  # noqa: SIM108 - constexpr branches
-                qpe = qpe_regs
-            else:
-                qpe = qpe_smem.load(A)
-            s = mma_v2(qpe, kpe_smem.index(b).permute((1, 0)).load(B), s)
+                    kb = kv.slice(c * KC, KC, dim=1).permute((1, 0)).load(B)
+                    if HOLD_Q:  # noqa: SIM108 - constexpr branches
+                        qa = q_regs[c]
+                    else:
+                        qa = q_smem.slice(c * KC, KC, dim=1).load(A)
+                if c % CHAINS == 0:
+                    s0 = mma_v2(qa, kb, s0)
+                elif c % CHAINS == 1:
+                    s1 = mma_v2(qa, kb, s1)
+                elif c % CHAINS == 2:
+                    s2 = mma_v2(qa, kb, s2)
+                else:
+                    s3 = mma_v2(qa, kb, s3)
+            s = s0
+            if CHAINS > 1:
+                s = s + s1
+            if CHAINS > 2:
+                s = s + s2
+            if CHAINS > 3:
+                s = s + s3
             ss = slot_smem.index(b).load(gl.SliceLayout(0, L))
             ok = (ss >= 0) & (start + i * BLOCK_N + cols_s < end)
             s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
@@ -373,7 +395,7 @@ if _HAS_GLUON_SM120:
         BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
         DIRECT: gl.constexpr, NBUF: gl.constexpr, NUM_WARPS: gl.constexpr,
         P_WARPS: gl.constexpr, P_REGS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr,
-        HOLD_Q: gl.constexpr, USE_PDL: gl.constexpr, L: gl.constexpr,
+        HOLD_Q: gl.constexpr, CHAINS: gl.constexpr, USE_PDL: gl.constexpr, L: gl.constexpr,
     ):  # fmt: skip
         """One (token, head block, split) program: the portable split kernel's contract
         (DIRECT: o and lse; else fp32 partials and base-2 lse for the merge kernel)."""
@@ -426,7 +448,8 @@ if _HAS_GLUON_SM120:
                     _sm120_mma,
                     (q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars,
                      empty_bars, start, end, qk_scale, q_ptr + t * stride_qt, hb * BLOCK_H, H,
-                     stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, KC, MK, HOLD_Q, L),
+                     stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, KC, MK, HOLD_Q, CHAINS,
+                     L),
                 ),
                 (
                     _sm120_gather,
@@ -477,6 +500,7 @@ if _HAS_GLUON_SM120:
             "KC": QK_CHUNK,
             "MK": MMA_K,
             "HOLD_Q": cfg.hold_q,
+            "CHAINS": cfg.qk_chains,
             "USE_PDL": pdl,
             "L": layout,
         }
