@@ -84,7 +84,7 @@ def remove_quietly(path: str) -> None:
         return
 
 
-def _proc_stat_fields(pid: int) -> list[str] | None:
+def proc_stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat from field 3 (state) on; the name may contain spaces."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
@@ -99,7 +99,7 @@ def process_start(pid: int) -> str | None:
 
     A pid and its start time name one process: a restarted container's new PID 1
     has the old pid but not the old start time."""
-    fields = _proc_stat_fields(pid)
+    fields = proc_stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else None
 
 
@@ -113,7 +113,7 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         pass
-    fields = _proc_stat_fields(pid)
+    fields = proc_stat_fields(pid)
     return fields is None or fields[0] not in ("Z", "X")
 
 
@@ -124,7 +124,7 @@ def zombie_exit_status(pid: int) -> int | None:
     process that is not our child cannot be wait()ed, so this is the only way for the
     watcher to learn how vLLM ended. None once the parent has reaped it.
     """
-    fields = _proc_stat_fields(pid)
+    fields = proc_stat_fields(pid)
     if fields is None or fields[0] not in ("Z", "X") or len(fields) < 50:
         return None
     try:
