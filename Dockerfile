@@ -10,6 +10,7 @@
 #
 # Table of contents (stage: what it holds; the build/ step it runs)
 #   py-base         Debian + python3 + libnuma: base of runtime-cpu and of the builders
+#                   (runtime-cpu's steps run under build/docker/reproducible.sh)
 #   builder         py-base + GNU patch + the pipeline (build/pipeline, build/pins.toml)
 #   builder-check   builder + pytest: tests/pipeline under the builder's python3 (make check-image)
 #   plugin          patched vllm-gguf-plugin wheel      `pipeline wheels --upstream vllm-gguf-plugin`
@@ -41,10 +42,13 @@ ARG CUDA_BASE=nvidia/cuda:13.0.3-base-ubuntu24.04
 
 # ---------------------------------------------------------------- py-base
 FROM ${DEBIAN_BASE} AS py-base
+# The steps of the CPU runtime's layers run under reproducible.sh (fixed file times,
+# hash-checked .pyc, no logs), so that two builds give the same files (make repro-image).
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
-    sh /in/apt-install.sh python3 python3-venv libnuma1 ca-certificates
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/apt-install.sh python3 python3-venv libnuma1 ca-certificates
 ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # ---------------------------------------------------------------- builder
@@ -111,7 +115,8 @@ RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
     --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
     --mount=type=bind,source=build/docker/install-deps.sh,target=/in/install-deps.sh \
-    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps
 ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv
 
 # ---------------------------------------------------------------- tiny-model
@@ -128,7 +133,8 @@ RUN --mount=type=bind,from=vllm-cpu-tree,source=/out/overlay,target=/in/tree \
     --mount=type=bind,from=tiny-model,source=/opt/model,target=/in/model \
     --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
     --mount=type=bind,source=build/docker/model_infos.py,target=/in/model_infos.py \
-    sh /in/install-runtime.sh /opt/venv --tree /in/tree --model /in/model \
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/install-runtime.sh /opt/venv --tree /in/tree --model /in/model \
         --model-infos /in/model_infos.py /in/plugin /in/entrypoint
 # The runtime carries no C++ compiler, which torch.compile's inductor needs on
 # CPU, so the CPU image runs vLLM eagerly (the CUDA image compiles with Triton).

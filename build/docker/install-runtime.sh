@@ -61,6 +61,8 @@ fi
 mkdir -p /usr/share/frontier-serve
 dpkg-query -W -f '${binary:Package}=${Version}\n' | LC_ALL=C sort >/usr/share/frontier-serve/apt-packages.txt
 # No build leftovers: pip's cache and the bytecode pip wrote for the build tools.
-rm -rf /root/.cache
+# Caches this step wrote as root. The pip cache's mount point, from the deps layer, stays:
+# removing a lower layer's path leaves a whiteout, whose time the engine sets.
+find /root/.cache -mindepth 1 -maxdepth 1 ! -name pip -exec rm -rf {} + 2>/dev/null || true
 "$venv/bin/python" -m entrypoint reserved >/dev/null
 echo "install-runtime: done"
