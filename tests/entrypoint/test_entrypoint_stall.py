@@ -23,6 +23,7 @@ from entrypoint.watch import probe, stall, status_summary
 from entrypoint.watch.statusfile import pid_alive, read_json, write_json_atomic
 from entrypoint.watch.steps import COMPILING, LOADING
 from entrypoint.watch.watcher import STARTING, Tracker, WatchConfig
+from fixtures.serving import gone, wait_for
 from tests.entrypoint.test_entrypoint_process import ENV, REPO, FakeVllm, fake_server  # noqa: F401
 
 GIB = 2**30
@@ -189,12 +190,15 @@ def test_a_start_stalled_mid_load_is_ended_within_its_limit(stalled_start) -> No
     target, parts = stalled_start
     rank_file(parts["folder"], 3 * GIB)
     began = time.monotonic()
-    code = target.wait(timeout=30)
+    # Not reaped until the watcher has read its exit status from the zombie, as in a
+    # container, where no one reaps vLLM (PID 1): a wait() here would race that read.
+    wait_for(lambda: gone(target.pid), 30, "the stand-in vLLM ended")
     took = time.monotonic() - began
     print(f"\nstalled start ended {took:.1f} s after its last progress (limit 3 s)")
     assert 3.0 <= took <= 3.0 + 1.0 + 3.0  # the limit, the grace, a few rounds
-    assert code == -15 and not pid_alive(parts["engine"])  # the engine went first
     assert parts["watcher"].wait(timeout=10) == 0
+    code = target.wait(timeout=5)
+    assert code == -15 and not pid_alive(parts["engine"])  # the engine went first
     status = read_json(parts["config"].status_file)
     assert status is not None and status["phase"] == "exited"
     assert status["reason"].startswith("start stalled: starting vLLM made no progress for ")
