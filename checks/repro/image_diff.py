@@ -81,10 +81,15 @@ def open_image(path: Path) -> Image:
                 n = len(manifest) if isinstance(manifest, list) else "no list"
                 raise ArchiveError(f"{path}: expected one image in manifest.json, found {n}")
             entry = manifest[0]
+            if not isinstance(entry, dict) or not {"Config", "Layers"} <= entry.keys():
+                raise ArchiveError(f"{path}: manifest.json's image names no Config and Layers")
             raw = _read_member(archive, entry["Config"])
     except (OSError, tarfile.TarError) as exc:
         raise ArchiveError(f"{path}: not a readable tar archive ({exc})") from exc
-    config = json.loads(raw)
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ArchiveError(f"{path}: {entry['Config']} is not JSON ({exc})") from exc
     return Image(
         path=path,
         image_id="sha256:" + hashlib.sha256(raw).hexdigest(),

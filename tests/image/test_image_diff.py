@@ -117,13 +117,18 @@ def test_the_list_is_cut_at_the_limit(tmp_path: Path, capsys) -> None:
     assert "... 7 more" in out
 
 
-@pytest.mark.parametrize("content", [b"not a tar", None])
+@pytest.mark.parametrize("content", [b"not a tar", None, b'[{"RepoTags": []}]'])
 def test_an_unreadable_archive_is_an_error_by_name(tmp_path: Path, capsys, content) -> None:
     a = _save(tmp_path / "a.tar", [BASE])
     bad = tmp_path / "bad.tar"
     if content is None:  # a tar without manifest.json
         with tarfile.open(bad, "w") as tar:
             tar.addfile(tarfile.TarInfo("x"), io.BytesIO(b""))
+    elif content.startswith(b"["):  # a manifest naming no config or layers
+        with tarfile.open(bad, "w") as tar:
+            info = tarfile.TarInfo("manifest.json")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
     else:
         bad.write_bytes(content)
     assert image_diff.main([str(a), str(bad)]) == 2
