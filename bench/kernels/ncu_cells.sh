@@ -2,6 +2,9 @@
 # ncu on a few cells (GPU machine): time, DRAM, L2 hits, shared-memory and
 # tensor-pipe use, bank conflicts and stall reasons per issued instruction, for
 # every kernel of one launch (ours: split, and merge where split-K is used).
+# With NCU_SOURCE=1 each cell is also recorded with per-instruction stall sampling
+# ($out/<cell>.ncu-rep, its SASS page as CSV, and the top instructions by stall samples
+# from ncu_source_top.py), to see where a tile's time goes inside the loop.
 # Usage (repo root): bash bench/kernels/ncu_cells.sh "HEADS TOKENS [CONFIG]" ...
 # CONFIG as profile_sparse_mla.py's --config (block_h,block_n,warps,stages,ahead,per_sm,gluon),
 # or "flashmla" for FlashMLA's sparse kernel on the same cell, or "sm120" for the SM120
@@ -35,4 +38,12 @@ for cell in "$@"; do
   grep -E "Context [0-9]|==ERROR==|Error" "$out/ncu.cell.txt" | cut -c1-120
   grep -E "duration|throughput|bytes_read|hit_rate|wavefronts|conflicts|inst_executed|issue_active|pipe_tensor|stalled" \
     "$out/ncu.cell.txt" | grep -vE "\s0(\.00)?$" | sed -E 's/ +/ /g'
+  if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    rep="$out/ncu_${heads}x${tokens}_${config:-auto}"
+    ncu --clock-control none --nvtx --nvtx-include "profile/" --import-source no \
+      --section SourceCounters --section WarpStateStats -f -o "$rep" \
+      python3 bench/kernels/profile_sparse_mla.py "${args[@]}" >"$rep.log" 2>&1
+    ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.sass.csv" 2>&1
+    python3 bench/kernels/ncu_source_top.py "$rep.sass.csv" | tee -a "$out/ncu.txt"
+  fi
 done
