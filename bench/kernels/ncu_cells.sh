@@ -8,7 +8,8 @@
 # Usage (repo root): bash bench/kernels/ncu_cells.sh "HEADS TOKENS [CONFIG]" ...
 # CONFIG as profile_sparse_mla.py's --config (block_h,block_n,warps,stages,ahead,per_sm,gluon),
 # or "flashmla" for FlashMLA's sparse kernel on the same cell, or "sm120" for the SM120
-# stand-in's launch-time choice; none: this GPU's launch-time choice.
+# stand-in's launch-time choice, or "sm120:VARIANT" for one of its sweep variants;
+# none: this GPU's launch-time choice.
 set -uo pipefail
 out="${OUT:-.bench-out}"
 mkdir -p "$out"
@@ -27,6 +28,7 @@ for cell in "$@"; do
     "") ;;
     flashmla) args+=(--peer flashmla) ;;
     sm120) args+=(--sm120) ;;
+    sm120:*) args+=(--sm120 --variant "${config#sm120:}") ;;
     *) args+=(--config "$config") ;;
   esac
   echo "== heads $heads tokens $tokens config ${config:-launch-time}" | tee -a "$out/ncu.txt"
@@ -39,7 +41,8 @@ for cell in "$@"; do
   grep -E "duration|throughput|bytes_read|hit_rate|wavefronts|conflicts|inst_executed|issue_active|pipe_tensor|stalled" \
     "$out/ncu.cell.txt" | grep -vE "\s0(\.00)?$" | sed -E 's/ +/ /g'
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
-    rep="$out/ncu_${heads}x${tokens}_${config:-auto}"
+    tag=${config:-auto}
+    rep="$out/ncu_${heads}x${tokens}_${tag//[:,]/_}"
     ncu --clock-control none --nvtx --nvtx-include "profile/" --import-source no \
       --section SourceCounters --section WarpStateStats -f -o "$rep" \
       python3 bench/kernels/profile_sparse_mla.py "${args[@]}" >"$rep.log" 2>&1

@@ -6,7 +6,8 @@
 --config is block_h,block_n,num_warps,num_stages,idx_ahead[,per_sm[,gluon]]; without it
 the launch-time choice runs. --peer flashmla runs FlashMLA's sparse bf16 kernel on the
 same cell instead (q padded to 64 or 128 heads beforehand, as the bench does). --sm120
-runs the kernel as SM120 runs it (the stand-in: mma.sync, the small-part table). Three
+runs the kernel as SM120 runs it (the stand-in: mma.sync, the small-part table); with
+--variant NAME, one of the bench's SM120 sweep variants (e.g. g_h16n32s2p4-c3). Three
 launches: two warm-ups, then the profiled one, inside the NVTX range "profile"
 (`ncu --nvtx --nvtx-include profile/` picks out its kernels).
 """
@@ -20,7 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.kernels.bench_sparse_mla import Case, flashmla_bf16, load_flashmla  # noqa: E402
+from bench.kernels.bench_sparse_mla import (  # noqa: E402
+    Case,
+    flashmla_bf16,
+    load_flashmla,
+    sweep_variants_sm120,
+)
 from fixtures.kernels.kernel_loader import load_kernel_module  # noqa: E402
 from fixtures.kernels.sm120_standin import load_standin  # noqa: E402
 
@@ -33,9 +39,16 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=1 << 21)
     ap.add_argument("--peer", choices=["ours", "flashmla"], default="ours")
     ap.add_argument("--sm120", action="store_true", help="the SM120 stand-in's kernel")
+    ap.add_argument("--variant", default="", help="an SM120 sweep variant (with --sm120)")
     args = ap.parse_args()
     mod = load_standin() if args.sm120 else load_kernel_module()
     cfg = None
+    if args.variant:
+        known = sweep_variants_sm120(mod)
+        if not args.sm120 or args.variant not in known:
+            print(f"--variant: needs --sm120 and one of {sorted(known)}", file=sys.stderr)
+            return 2
+        cfg = known[args.variant][0]
     if args.config:
         f = [int(x) for x in args.config.split(",")]
         cfg = mod.SparseMLAConfig(
