@@ -47,7 +47,7 @@ def summarise(title: str, rows: list[dict[str, str]], top: int) -> None:
     if total_col is None:
         print(f"{title}: no stall-sampling column; columns: {cols}")
         return
-    src_col = next((c for c in cols if c.strip('# ') == "Source"), cols[1])
+    src_col = next((c for c in cols if c.strip("# ") == "Source"), cols[1])
     reason_cols = [c for c in cols if "stall" in c.lower() and "Sampling" not in c]
     total = sum(_number(r[total_col]) for r in rows)
     print(f"== {title or 'kernel'}: {len(rows)} instructions, {total:.0f} samples")

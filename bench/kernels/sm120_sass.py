@@ -80,7 +80,8 @@ def main() -> int:
             (args.out / f"sass_sm{arch}_c{chains}.txt").write_text(sass)
             ops = collections.Counter(m.group(3) for m in _LINE.finditer(sass))
             h, a, n = qk_section(sass)
-            print(f"{name:24s} {use['REG']:4d} {ops['HMMA']:5d} {ops['NOP']:4d}  {h:11d} {a:4d} {n:4d}")
+            counts = f"{use['REG']:4d} {ops['HMMA']:5d} {ops['NOP']:4d}"
+            print(f"{name:24s} {counts}  {h:11d} {a:4d} {n:4d}")
     return 0
 
 
