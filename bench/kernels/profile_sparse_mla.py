@@ -45,8 +45,9 @@ def main() -> int:
     cfg = None
     if args.variant:
         known = sweep_variants_sm120(mod)
-        if not args.sm120 or args.variant not in known:
-            print(f"--variant: needs --sm120 and one of {sorted(known)}", file=sys.stderr)
+        if not args.sm120 or args.config or args.variant not in known:
+            print(f"--variant: needs --sm120, no --config, and one of {sorted(known)}",
+                  file=sys.stderr)  # fmt: skip
             return 2
         cfg = known[args.variant][0]
     if args.config:

@@ -16,9 +16,7 @@ import argparse
 import collections
 import dataclasses
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,13 +67,7 @@ def main() -> int:
                 mod._sparse_mla_split_kernel_sm120, ce, {"num_warps": cfg.num_warps},
                 "bf16", GPUTarget("cuda", arch, 32), GluonASTSource,
             )  # fmt: skip
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                cubin.write(kernel.asm["cubin"])
-                cubin.flush()
-                sass = subprocess.run(
-                    [str(fitness.cuobjdump_path()), "-sass", cubin.name],
-                    capture_output=True, text=True, check=True,
-                ).stdout  # fmt: skip
+            sass = fitness.cuobjdump(kernel.asm["cubin"], "-sass")
             name = f"sm{arch} c{chains}"
             (args.out / f"sass_sm{arch}_c{chains}.txt").write_text(sass)
             ops = collections.Counter(m.group(3) for m in _LINE.finditer(sass))
