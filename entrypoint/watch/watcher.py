@@ -462,6 +462,7 @@ class NodeGroup:
         self.local = int(node.get("local_ranks") or 0)
         self.heartbeat_port = int(node.get("heartbeat_port") or 0)
         self.at_ready: Counter[str] | None = None
+        self.last_whole: Counter[str] | None = None  # the latest complete count before that
         self.heartbeat = (
             node_heartbeat.Heartbeat(self.heartbeat_port)
             if self.role == "leader" and self.heartbeat_port
@@ -492,13 +493,18 @@ class NodeGroup:
             joined = node_links.joined_ranks(self.store_port, pids)
             return node_links.worker_error(self.local, joined, self.store_port)
         now = node_links.remote_ranks(self.store_port, pids)
-        if ever_ready and self.at_ready is None and sum(now.values()) >= self.expected:
+        if self.at_ready is None and sum(now.values()) >= self.expected:
+            self.last_whole = now
+        if ever_ready and self.at_ready is None and self.last_whole is not None:
             # Who was there when the group first served, taken from a complete count:
             # one taken in a round that missed a connection would leave a later loss
-            # unnamed (seen once in CI: "lost a worker node" with no address).
-            self.at_ready = now
+            # unnamed (seen once in CI: "lost a worker node" with no address). The round
+            # that found the group whole ran before it was recorded as ready, so a node
+            # lost before the next round is named from that round's count (seen once in
+            # CI: the worker killed between the two, reported as "waiting for" it).
+            self.at_ready = self.last_whole
             if self.heartbeat is not None:
-                self.heartbeat.watch(now)
+                self.heartbeat.watch(self.at_ready)
         lost = node_links.lost_node_error(
             self.expected, now, self.at_ready, self.store_port, self.nnodes
         )

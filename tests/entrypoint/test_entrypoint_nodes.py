@@ -345,3 +345,22 @@ def test_the_group_at_ready_comes_from_a_complete_count(monkeypatch: pytest.Monk
     assert group.check([1], ever_ready=True) is None
     lost = group.check([1], ever_ready=True) or ""
     assert lost.startswith("lost a worker node (node rank 1) at 10.0.0.2"), lost
+
+
+def test_a_node_lost_right_after_the_first_serving_round_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The round that finds the group whole runs before the watcher records it as ready;
+    a worker killed before the next round is a lost node, not one still awaited."""
+    from collections import Counter
+
+    from entrypoint.watch import node_links, watcher
+
+    counts = iter([Counter({"10.0.0.2": 2}), Counter()])
+    monkeypatch.setattr(node_links, "remote_ranks", lambda port, pids: next(counts))
+    group = watcher.NodeGroup({"role": "leader", "nnodes": 2, "store_port": 29500,
+                               "remote_ranks": 2, "local_ranks": 2})  # fmt: skip
+    assert group.check([1], ever_ready=False) is None  # whole: this round makes it ready
+    lost = group.check([1], ever_ready=True) or ""
+    assert lost.startswith("lost a worker node (node rank 1) at 10.0.0.2"), lost
+    assert group.at_ready == Counter({"10.0.0.2": 2})
