@@ -512,6 +512,11 @@ SM120_CFGS = list(dict.fromkeys([
         (16, 32, 2, 2, True, 1), (16, 32, 2, 8, False, 1), (16, 32, 2, 4, False, 2),
         (16, 32, 2, 4, False, 3), (16, 32, 2, 4, True, 4), (32, 16, 3, 4, False, 3),
     ]
+] + [
+    # k_split: the MMA warps split q.kT's columns (16 and 32 heads, 16- and 32-row tiles)
+    mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
+                        producer_warps=pw, k_split=True)
+    for h, n, st, pw in [(16, 32, 2, 2), (16, 16, 4, 4), (32, 32, 2, 2), (32, 16, 4, 2)]
 ] + [c for c in mod._CONFIGS_SMALL.values() if c.gluon120]))
 
 
@@ -577,6 +582,11 @@ def test_gluon_sm120_fp8(
         mod.SparseMLAConfig(16, 64, 4, 2, gluon120=True, producer_warps=2),  # 64 rows: no fit
         mod.SparseMLAConfig(32, 16, 4, 2, gluon120=True, producer_warps=2),  # 4 warps a group
         mod.SparseMLAConfig(16, 16, 4, 2, gluon120=True),  # no producer warps
+        # k_split holds only its slice of q and sums one accumulator chain
+        mod.SparseMLAConfig(16, 32, 4, 2, gluon120=True, producer_warps=4, k_split=True,
+                            hold_q=True),
+        mod.SparseMLAConfig(16, 32, 4, 2, gluon120=True, producer_warps=4, k_split=True,
+                            qk_chains=2),
     ],
     ids=repr,
 )
@@ -584,6 +594,14 @@ def test_sm120_config_without_a_build_is_refused(cfg: object) -> None:
     q, kv, idx = make_inputs(8, 16, 128, num_blocks=8)
     with pytest.raises(ValueError, match="no SM120 Gluon sparse-MLA build"):
         mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
+
+
+def test_sm120_k_split_refuses_an_fp8_cache() -> None:
+    # Its producers copy rows as they are: an e4m3 cache needs the widening producers.
+    q, kv, idx = make_inputs(8, 32, 128, num_blocks=8)
+    cfg = mod._CONFIGS_SMALL["g120_h32n16_k"]
+    with pytest.raises(ValueError, match="K-split build reads KV in q's dtype"):
+        mod.sparse_mla_fwd(q, kv.to(torch.float8_e4m3fn), idx, 0.05, config=cfg)
 
 
 @pytest.mark.parametrize(
@@ -638,13 +656,17 @@ def test_sm90_picks_gluon(t: int, h: int) -> None:
 @pytest.mark.parametrize("t", [1, 2, 64, 4096])
 @pytest.mark.parametrize("h", [8, 16, 32, 64])
 def test_sm120_picks_its_family(t: int, h: int) -> None:
-    # The SM120 family wherever the stand-in measured it ahead: 16-bit KV up to 32 heads
-    # from two tokens and a lone token of up to 16 heads (32 x 1 stays on h16_n32), an
-    # e4m3 cache up to 32 heads from one token; the Triton configs stay behind it.
+    # The SM120 family wherever the stand-in measured it ahead: 16-bit KV from two tokens
+    # up to 32 heads as K-split builds (16- and 32-head blocks), a lone token of up to 16
+    # heads (32 x 1 stays on h16_n32), an e4m3 cache up to 32 heads from one token; the
+    # Triton configs stay behind it.
     sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
     has = mod._HAS_GLUON_SM120
     bf16 = mod.candidate_configs(t, h, sm120)
-    want = has and (h <= 16 or (t >= 2 and (h <= 32 or t < 16)))
+    assert (bf16[0] == mod._CONFIGS_SMALL["g120_h16n32_k"]) == (has and t >= 2 and h <= 16)
+    k32 = has and t >= 2 and 16 < h <= 32
+    assert (bf16[0] == mod._CONFIGS_SMALL["g120_h32n16_k"]) == k32
+    want = has and ((h <= 16 and t == 1) or (t >= 2 and h > 32 and t < 16))
     assert (bf16[0] == mod._CONFIGS_SMALL["g120_h16n32"]) == want
     fp8 = mod.candidate_configs(t, h, sm120, kv_bytes=1)
     assert (fp8[0] == mod._CONFIGS_SMALL["g120_h16n32_fp8"]) == (has and h <= 32)

@@ -101,6 +101,10 @@ class SparseMLAConfig:
     hold_q: bool = False  # SM120 family: q in registers for the whole loop
     # SM120 family: q.kT's MMAs in this many independent accumulator chains (1 to 4).
     qk_chains: int = 1
+    # SM120 family, 16-bit cache: the 4 MMA warps of a 16-head group split q.kT's columns
+    # (each holds its slice of q) and o's, instead of s's rows: q is never re-read from
+    # shared memory and p never stored there (triton_sparse_mla_sm120._sm120_mma_k).
+    k_split: bool = False
 
     def launch_options(self) -> dict[str, int]:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
@@ -118,6 +122,8 @@ class SparseMLAConfig:
         if self.gluon120:  # stages and their slots, q, p, barriers (from sm_120a builds)
             # The stages hold q's dtype: an fp8 cache is widened on its way in.
             bufs = self.num_stages * (self.block_n * D_QK * 2 + 4 * self.block_n + 16)
+            if self.k_split:  # + the four warps' shares of s, summed through shared memory
+                return bufs + 4 * self.block_h * self.block_n * 4 + 2 * 1024
             q_tile = 0 if self.hold_q else self.block_h * D_QK * 2
             return bufs + q_tile + self.block_h * self.block_n * 2 + 2 * 1024
         if self.gluon:  # num_stages buffers, q and p tiles, reduction scratch
@@ -196,11 +202,21 @@ _CONFIGS_BIG: dict[str, SparseMLAConfig] = {
 # `make bench-kernels-sm120 BENCH_ARGS=--sweep`), among builds that fit sm_120a with no
 # spills (docs/sparse-mla-kernel-journal.md, "SM120 stand-in").
 _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
-    # The SM120 Gluon family up to 32 heads (32 as two head blocks) from two tokens, and
-    # a lone token of up to 16 heads: producer warps keep two 32-row stages in flight
-    # while 4 MMA warps run mma.sync.
+    # The SM120 Gluon family for a lone token of up to 16 heads, and behind the K-split
+    # builds from two tokens: producer warps keep two 32-row stages in flight while 4 MMA
+    # warps run mma.sync, each on a quarter of s's columns.
     "g120_h16n32": SparseMLAConfig(
         16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=4
+    ),
+    # Up to 16 heads from two tokens: the 4 MMA warps split q.kT's columns (k_split);
+    # 2 producer warps keep two 32-row stages in flight.
+    "g120_h16n32_k": SparseMLAConfig(
+        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=2, k_split=True
+    ),
+    # 17-32 heads from two tokens, as one head block: two K-split groups (8 MMA warps)
+    # share each gathered 16-row tile; three stages in flight (32-row stages spill).
+    "g120_h32n16_k": SparseMLAConfig(
+        32, 16, 8, 3, per_sm=1, pdl=True, gluon120=True, producer_warps=4, k_split=True
     ),
     # The same over an e4m3 cache, from one token: 8 producer warps widen the rows through
     # registers, two tiles in flight each (96 registers a thread, no spills).
@@ -314,8 +330,12 @@ def candidate_configs(
             order = ["h32_n32_fp8" if wide else "h16_n16_p2_fp8", "h16_n16_fp8"]
         elif alone:
             order = ["g120_h16n32"] * sm120 + ["h16_n16_p2", "h16_n32"]
+        elif sm120 and num_tokens >= 2 and 16 < num_heads <= 32:
+            order = ["g120_h32n16_k", "g120_h16n32", "h16_n32", "h16_n16_p2"]
         elif num_heads > 32 and num_tokens >= 16:
             order = ["h32_n32", "h16_n32"]
+        elif sm120 and num_tokens >= 2 and num_heads <= 16:
+            order = ["g120_h16n32_k", "g120_h16n32", "h16_n32", "h16_n16_p2"]
         elif sm120 and num_tokens >= 2:
             order = ["g120_h16n32", "h16_n32", "h16_n16_p2"]
         else:
@@ -554,8 +574,11 @@ def _launch(
             or cfg.block_n not in (16, 32)
             or cfg.num_warps != 4 * (cfg.block_h // 16)
             or cfg.producer_warps not in (1, 2, 4, 8)
+            or (cfg.k_split and (cfg.hold_q or cfg.qk_chains != 1))
         ):
             raise ValueError(f"no SM120 Gluon sparse-MLA build for {cfg}")
+        if cfg.k_split and kv_cache.dtype != q.dtype:
+            raise ValueError("the SM120 K-split build reads KV in q's dtype")
         if not (_HAS_GLUON_SM120 and info.major >= 9) or interpret:
             raise ValueError("the SM120 Gluon sparse-MLA kernel needs an SM90 or newer GPU")
         if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):

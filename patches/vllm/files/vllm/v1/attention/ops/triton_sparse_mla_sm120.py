@@ -8,6 +8,11 @@ from one partition with at most two tiles in flight, and at SM120's one program 
 gathers wait on the products. Here the producers refill each stage as soon as the MMA
 warps release it, so the stages stay in flight while the products run.
 
+Two ways to divide a tile among the MMA warps: by s's columns (_sm120_mma: every warp
+reads all of q from shared memory, p crosses through shared memory) or, with KSPLIT,
+by q.kT's columns (_sm120_mma_k: each warp holds a quarter of q, the quarters' shares
+of s are summed through shared memory, p stays in registers).
+
 Only triton_sparse_mla.py chooses and launches it. Imports Triton's Gluon only.
 """
 
@@ -66,7 +71,7 @@ if _HAS_GLUON_SM120:
         if kv_ptr.dtype.element_ty == kv_smem.dtype:
             _sm120_gather_cp(
                 kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
-                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS, 0,
             )  # fmt: skip
         else:
             _sm120_gather_widen(
@@ -79,19 +84,39 @@ if _HAS_GLUON_SM120:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, KS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps, cp.async: tile i's slots and rows into stage i % NBUF once the
         MMA warps have released it; each thread's copies complete the stage's full barrier
         (cp.async.mbarrier.arrive.noinc: the barrier counts the producer threads). Slots
-        < 0 copy nothing; the MMA warps mask those rows' scores."""
-        g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
-        r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+        < 0 copy nothing; the MMA warps mask those rows' scores. KS > 0: K-split stages,
+        latent [KS, BLOCK_N, DV // KS] and rope [KS, BLOCK_N, DR // KS], part k holding
+        every row's k-th slice of the columns (the k-th MMA warp's operands)."""
         i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
-        cols_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))
-        cols_r = gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))
-        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
-        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+        if KS:  # a warp's lanes cover one part's columns of consecutive rows
+            DQ: gl.constexpr = DV // KS
+            DQR: gl.constexpr = DR // KS
+            g3: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 8], [1, 32 // (DQ // 8), DQ // 8], [1, P_WARPS, 1], [2, 1, 0]
+            )
+            r3: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 8], [1, 32 // (DQR // 8), DQR // 8], [1, P_WARPS, 1], [2, 1, 0]
+            )
+            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, g3)))
+            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, r3)))
+            part_g = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, g3)))
+            part_r = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, r3)))
+            cols_g = gl.arange(0, DQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, g3)))
+            cols_r = gl.arange(0, DQR, layout=gl.SliceLayout(0, gl.SliceLayout(1, r3)))
+            col_g = (part_g * DQ)[:, None, None] + cols_g[None, None, :]
+            col_r = DV + (part_r * DQR)[:, None, None] + cols_r[None, None, :]
+        else:
+            g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
+            r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
+            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+            col_g = gl.arange(0, DV, layout=gl.SliceLayout(0, g_layout))[None, :]
+            col_r = DV + gl.arange(0, DR, layout=gl.SliceLayout(0, r_layout))[None, :]
         rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
@@ -108,13 +133,15 @@ if _HAS_GLUON_SM120:
                 slot_smem.index(b), idx_row + n0 + rows_i, mask=n0 + rows_i < end
             )
             row_g, vg = _sm120_rows(kv_ptr, sg, PAGE, stride_kvb, stride_kvs)
-            _cp_async(
-                kv_smem.index(b), row_g[:, None] + cols_g[None, :], mask=vg[:, None]
-            )
+            if KS:
+                _cp_async(kv_smem.index(b), row_g[None, :, None] + col_g, mask=vg[None, :, None])
+            else:
+                _cp_async(kv_smem.index(b), row_g[:, None] + col_g, mask=vg[:, None])
             row_r, vr = _sm120_rows(kv_ptr, sr, PAGE, stride_kvb, stride_kvs)
-            _cp_async(
-                kpe_smem.index(b), row_r[:, None] + DV + cols_r[None, :], mask=vr[:, None]
-            )
+            if KS:
+                _cp_async(kpe_smem.index(b), row_r[None, :, None] + col_r, mask=vr[None, :, None])
+            else:
+                _cp_async(kpe_smem.index(b), row_r[:, None] + col_r, mask=vr[:, None])
             gl_cp.mbarrier_arrive(full_bars.index(b), increment_count=False)
             sg = sg_next
             sr = sr_next
@@ -300,6 +327,20 @@ if _HAS_GLUON_SM120:
         )
 
     @gluon.jit
+    def _sm120_softmax_step(s, slots, cols, end, qk_scale, m_i, l_part):
+        """One tile of the online softmax in base 2: s scaled, its columns whose slot is
+        < 0 or that lie past `end` masked; p, alpha (o's rescale), the new row max, and
+        the row sums kept per element (no reduction across warps per tile)."""
+        ok = (slots >= 0) & (cols < end)
+        s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        # A row with nothing valid yet keeps m = -inf; subtract 0 instead (no NaN).
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        return p, alpha, m_new, l_part * alpha[:, None] + p
+
+    @gluon.jit
     def _sm120_mma(
         q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars, empty_bars,
         start, end, qk_scale, q_tok, h0, H, stride_qh,
@@ -365,14 +406,9 @@ if _HAS_GLUON_SM120:
             if CHAINS > 3:
                 s = s + s3
             ss = slot_smem.index(b).load(gl.SliceLayout(0, L))
-            ok = (ss >= 0) & (start + i * BLOCK_N + cols_s < end)
-            s = gl.where(ok[None, :], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            # A row with nothing valid yet keeps m = -inf; subtract 0 instead (no NaN).
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_part = l_part * alpha[:, None] + p
+            p, alpha, m_new, l_part = _sm120_softmax_step(
+                s, ss, start + i * BLOCK_N + cols_s, end, qk_scale, m_i, l_part
+            )
             acc = acc * alpha[:, None]
             # Every warp needs all of p as its A operand: through shared memory (the
             # previous tile's p was read before the barrier that ended its step).
@@ -386,6 +422,186 @@ if _HAS_GLUON_SM120:
             mbarrier.arrive(empty_bars.index(b))
         return m_i, gl.sum(l_part, 1), acc
 
+    @gluon.jit
+    def _sm120_q_parts(
+        q_tok, h0, H, stride_qh, col0, PART: gl.constexpr, W: gl.constexpr,
+        BLOCK_H: gl.constexpr, KS: gl.constexpr, A3: gl.constexpr,
+    ):  # fmt: skip
+        """[KS, BLOCK_H, W]: part k is q's columns col0 + k * PART .. + W of the head
+        block, loaded from global memory into A-operand registers (zeros past H)."""
+        parts = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, A3)))
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, A3)))
+        cols = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, A3)))
+        ptrs = (
+            q_tok + offs_h[None, :, None] * stride_qh
+            + (col0 + parts * PART)[:, None, None] + cols[None, None, :]
+        )  # fmt: skip
+        return gl.load(ptrs, mask=(offs_h < H)[None, :, None], other=0.0)
+
+    @gluon.jit
+    def _sm120_mma_k(
+        kv_smem, kpe_smem, slot_smem, red_smem, full_bars, empty_bars,
+        start, end, qk_scale, q_tok, h0, H, stride_qh,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, KS: gl.constexpr, L3: gl.constexpr,
+    ):  # fmt: skip
+        """MMA warps, K-split: MMA warp k (of KS along L3's first dimension) holds q's
+        k-th column slice in registers and computes that slice's share of s = q.kvT as a
+        batched MMA (one accumulator per warp: BLOCK_N / 8 independent chains); the KS
+        shares are summed across the warps through shared memory, so every warp has all
+        of s. Each warp then runs the online softmax on all of s (no row max crosses a
+        warp), and o's k-th column slice += p.V_k with p straight from registers. q is
+        never re-read, p never stored: per tile, shared memory serves the tile once and
+        the shares."""
+        A3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L3, k_width=2)
+        B3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=L3, k_width=2)
+        S2: gl.constexpr = gl.SliceLayout(0, L3)  # [BLOCK_H, BLOCK_N], in every warp
+        DQ: gl.constexpr = DV // KS
+        QC: gl.constexpr = DQ // 4  # q.kT over each part in four column chunks
+        q_regs = (
+            _sm120_q_parts(q_tok, h0, H, stride_qh, 0 * QC, DQ, QC, BLOCK_H, KS, A3),
+            _sm120_q_parts(q_tok, h0, H, stride_qh, 1 * QC, DQ, QC, BLOCK_H, KS, A3),
+            _sm120_q_parts(q_tok, h0, H, stride_qh, 2 * QC, DQ, QC, BLOCK_H, KS, A3),
+            _sm120_q_parts(q_tok, h0, H, stride_qh, 3 * QC, DQ, QC, BLOCK_H, KS, A3),
+        )
+        qpe = _sm120_q_parts(q_tok, h0, H, stride_qh, DV, DR // KS, DR // KS, BLOCK_H, KS, A3)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S2))
+        l_part = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=S2)
+        acc = gl.zeros([KS, BLOCK_H, DQ], gl.float32, layout=L3)
+        cols_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S2))
+        red2 = red_smem.reshape([KS * BLOCK_H, BLOCK_N])  # share k: rows k * BLOCK_H ..
+        n_tiles = gl.cdiv(end - start, BLOCK_N)
+        for i in range(0, n_tiles):
+            b = i % NBUF
+            mbarrier.wait(full_bars.index(b), (i // NBUF) & 1)
+            kv = kv_smem.index(b)  # [KS, BLOCK_N, DQ]
+            s3 = gl.zeros([KS, BLOCK_H, BLOCK_N], gl.float32, layout=L3)
+            for c in gl.static_range(4):
+                kb = kv.slice(c * QC, QC, dim=2).permute((0, 2, 1)).load(B3)
+                s3 = mma_v2(q_regs[c], kb, s3)
+            s3 = mma_v2(qpe, kpe_smem.index(b).permute((0, 2, 1)).load(B3), s3)
+            # Triton's cross-warp sum would take a barrier pair per piece: one store and
+            # one barrier instead (the previous tile's shares were read before its last one).
+            red_smem.store(s3)
+            _cta_barrier()
+            s = red2.slice(0, BLOCK_H).load(S2)
+            for k in gl.static_range(1, KS):
+                s += red2.slice(k * BLOCK_H, BLOCK_H).load(S2)
+            ss = slot_smem.index(b).load(gl.SliceLayout(0, S2))
+            p, alpha, m_new, l_part = _sm120_softmax_step(
+                s, ss, start + i * BLOCK_N + cols_s, end, qk_scale, m_i, l_part
+            )
+            acc = acc * gl.expand_dims(gl.expand_dims(alpha, 1), 0)
+            p3 = gl.expand_dims(p.to(kv_smem.dtype), 0)
+            pa = gl.convert_layout(gl.broadcast(p3, s3)[0], A3)  # every warp: all of p
+            acc = mma_v2(pa, kv.load(B3), acc)
+            m_i = m_new
+            _cta_barrier()  # every MMA warp is done with the stage
+            mbarrier.arrive(empty_bars.index(b))
+        return m_i, gl.sum(l_part, 1), acc
+
+    @gluon.jit
+    def _sm120_row_program(
+        q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars, empty_bars,
+        kv_ptr, idx_row, start, end, qk_scale, v_scale, q_tok, h0, H, stride_qh,
+        PAGE, stride_kvb, stride_kvs, o_tok, stride_oh, lse_tok, stride_lh, po_ptr, plse_ptr,
+        row0, sp, NUM_SPLITS,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, NUM_WARPS: gl.constexpr, P_WARPS: gl.constexpr,
+        P_REGS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr, HOLD_Q: gl.constexpr,
+        CHAINS: gl.constexpr, DIRECT: gl.constexpr, L: gl.constexpr,
+    ):  # fmt: skip
+        """The row-split program's pipeline and its stores (DIRECT: o and lse; else the
+        partials, rows (t, h, split))."""
+        m_i, l_i, acc = gl.warp_specialize(
+            [
+                (
+                    _sm120_mma,
+                    (q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars,
+                     empty_bars, start, end, qk_scale, q_tok, h0, H,
+                     stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, KC, MK, HOLD_Q, CHAINS,
+                     L),
+                ),
+                (
+                    _sm120_gather,
+                    (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
+                ),
+            ],
+            [P_WARPS],
+            [P_REGS],
+        )  # fmt: skip
+
+        has = l_i > 0.0
+        out = acc * (v_scale / gl.where(has, l_i, 1.0))[:, None]
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, L))
+        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, L))
+        mask_h = offs_h < H
+        if DIRECT:
+            o_ptrs = o_tok + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_ptrs, out.to(o_tok.dtype.element_ty), mask=mask_h[:, None])
+            gl.store(
+                lse_tok + offs_h * stride_lh, lse2 * 0.6931471805599453,
+                mask=mask_h,
+            )  # fmt: skip
+        else:  # workspace rows are (t, h, split); lse stays in base 2 for the merge
+            row = (row0 + offs_h) * NUM_SPLITS + sp
+            po = out.to(po_ptr.dtype.element_ty)
+            gl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])
+            gl.store(plse_ptr + row, lse2, mask=mask_h)
+
+    @gluon.jit
+    def _sm120_k_program(
+        kv_smem, kpe_smem, slot_smem, red_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
+        qk_scale, v_scale, q_tok, h0, H, stride_qh, PAGE, stride_kvb, stride_kvs,
+        o_tok, stride_oh, lse_tok, stride_lh, po_ptr, plse_ptr, row0, sp, NUM_SPLITS,
+        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr,
+        NBUF: gl.constexpr, P_WARPS: gl.constexpr, P_REGS: gl.constexpr,
+        DIRECT: gl.constexpr, L3: gl.constexpr,
+    ):  # fmt: skip
+        """The K-split program's pipeline and its stores: o's column slice k from MMA warp
+        k (DIRECT: o and lse; else the partials, rows (t, h, split))."""
+        KS: gl.constexpr = L3.warps_per_cta[0]
+        DQ: gl.constexpr = DV // KS
+        m_i, l_i, acc = gl.warp_specialize(
+            [
+                (
+                    _sm120_mma_k,
+                    (kv_smem, kpe_smem, slot_smem, red_smem, full_bars, empty_bars, start, end,
+                     qk_scale, q_tok, h0, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, KS, L3),
+                ),
+                (
+                    _sm120_gather_cp,
+                    (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
+                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+                     KS),
+                ),
+            ],
+            [P_WARPS],
+            [P_REGS],
+        )  # fmt: skip
+        has = l_i > 0.0
+        inv = v_scale / gl.where(has, l_i, 1.0)
+        out = acc * gl.expand_dims(gl.expand_dims(inv, 1), 0)
+        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
+        parts = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        offs_h3 = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        offs_c = gl.arange(0, DQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        col = (parts * DQ)[:, None, None] + offs_c[None, None, :]
+        offs_h = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gl.SliceLayout(0, L3)))
+        if DIRECT:
+            o_ptrs = o_tok + offs_h3[None, :, None] * stride_oh + col
+            gl.store(o_ptrs, out.to(o_tok.dtype.element_ty), mask=(offs_h3 < H)[None, :, None])
+            gl.store(lse_tok + offs_h * stride_lh, lse2 * 0.6931471805599453, mask=offs_h < H)
+        else:  # workspace rows are (t, h, split); lse stays in base 2 for the merge
+            row3 = (row0 + offs_h3) * NUM_SPLITS + sp
+            po = out.to(po_ptr.dtype.element_ty)
+            gl.store(
+                po_ptr + row3[None, :, None] * DV + col, po, mask=(offs_h3 < H)[None, :, None]
+            )  # fmt: skip
+            gl.store(plse_ptr + (row0 + offs_h) * NUM_SPLITS + sp, lse2, mask=offs_h < H)
+
     @gluon.jit(do_not_specialize=["NUM_SPLITS", "NUM_HBLK"])
     def _sparse_mla_split_kernel_sm120(
         q_ptr, kv_ptr, idx_ptr, o_ptr, lse_ptr, po_ptr, plse_ptr, qk_scale, v_scale,
@@ -396,6 +612,7 @@ if _HAS_GLUON_SM120:
         DIRECT: gl.constexpr, NBUF: gl.constexpr, NUM_WARPS: gl.constexpr,
         P_WARPS: gl.constexpr, P_REGS: gl.constexpr, KC: gl.constexpr, MK: gl.constexpr,
         HOLD_Q: gl.constexpr, CHAINS: gl.constexpr, USE_PDL: gl.constexpr, L: gl.constexpr,
+        KSPLIT: gl.constexpr,
     ):  # fmt: skip
         """One (token, head block, split) program: the portable split kernel's contract
         (DIRECT: o and lse; else fp32 partials and base-2 lse for the merge kernel)."""
@@ -418,13 +635,31 @@ if _HAS_GLUON_SM120:
         # 16-byte vectors XOR-swizzled over 8 rows: ldmatrix (plain and transposed) and
         # the 16-byte cp.async writes meet no bank conflicts.
         sl: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])
-        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl)
-        kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl)
-        # q in shared memory unless HOLD_Q (then a token allocation nothing touches)
-        QH: gl.constexpr = 1 if HOLD_Q else BLOCK_H
+        if KSPLIT:  # part k of a stage: the k-th MMA warp's column slice of every row
+            KS: gl.constexpr = L.warps_per_cta[0]  # _sm120_constexprs: 4 a 16-head group
+            kv_smem = gl.allocate_shared_memory(
+                dtype, [NBUF, KS, BLOCK_N, DV // KS], gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0])
+            )  # fmt: skip
+            # 32-byte rows: 16-byte vectors swapped every four rows (no ldmatrix conflicts)
+            kpe_smem = gl.allocate_shared_memory(
+                dtype, [NBUF, KS, BLOCK_N, DR // KS], gl.SwizzledSharedLayout(8, 4, 2, [2, 1, 0])
+            )  # fmt: skip
+            # The MMA warps' shares of s, summed by every warp (one barrier). A quad of
+            # lanes stores and loads one 32-byte piece of a row, eight rows at once:
+            # XOR-swizzled in those pieces across the rows that share a 128-byte line,
+            # the eight land on distinct banks (unswizzled: 8-way conflicts).
+            R: gl.constexpr = 32 // BLOCK_N  # rows a 128-byte line
+            red_layout: gl.constexpr = gl.SwizzledSharedLayout(8, R, BLOCK_N // 8, [2, 1, 0])
+            p_smem = gl.allocate_shared_memory(gl.float32, [KS, BLOCK_H, BLOCK_N], red_layout)
+        else:
+            kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DV], sl)
+            kpe_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, DR], sl)
+        # q and p in shared memory unless HOLD_Q or KSPLIT (then token allocations)
+        QH: gl.constexpr = 1 if HOLD_Q or KSPLIT else BLOCK_H
         q_smem = gl.allocate_shared_memory(dtype, [QH, DV], sl)
         qpe_smem = gl.allocate_shared_memory(dtype, [QH, DR], sl)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], sl)
+        if not KSPLIT:
+            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], sl)
         slot_smem = gl.allocate_shared_memory(
             gl.int32, [NBUF, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0])
         )
@@ -442,51 +677,38 @@ if _HAS_GLUON_SM120:
         start = sp * SPLIT_LEN
         end = gl.minimum(start + SPLIT_LEN, TOPK)
         idx_row = idx_ptr + t * stride_it
-        m_i, l_i, acc = gl.warp_specialize(
-            [
-                (
-                    _sm120_mma,
-                    (q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars,
-                     empty_bars, start, end, qk_scale, q_ptr + t * stride_qt, hb * BLOCK_H, H,
-                     stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS, KC, MK, HOLD_Q, CHAINS,
-                     L),
-                ),
-                (
-                    _sm120_gather,
-                    (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
-                ),
-            ],
-            [P_WARPS],
-            [P_REGS],
-        )  # fmt: skip
-
-        has = l_i > 0.0
-        out = acc * (v_scale / gl.where(has, l_i, 1.0))[:, None]
-        lse2 = gl.where(has, m_i + gl.log2(gl.where(has, l_i, 1.0)), float("-inf"))
-        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, L))
-        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, L))
-        mask_h = offs_h < H
-        if DIRECT:
-            o_ptrs = o_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
-            gl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
-            gl.store(
-                lse_ptr + t * stride_lt + offs_h * stride_lh, lse2 * 0.6931471805599453,
-                mask=mask_h,
+        if KSPLIT:
+            _sm120_k_program(
+                kv_smem, kpe_smem, slot_smem, p_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
+                end, qk_scale, v_scale, q_ptr + t * stride_qt, hb * BLOCK_H, H, stride_qh,
+                PAGE, stride_kvb, stride_kvs, o_ptr + t * stride_ot, stride_oh,
+                lse_ptr + t * stride_lt, stride_lh, po_ptr, plse_ptr, t * H, sp, NUM_SPLITS,
+                BLOCK_H, BLOCK_N, DV, DR, NBUF, P_WARPS, P_REGS, DIRECT, L,
             )  # fmt: skip
-        else:  # workspace rows are (t, h, split); lse stays in base 2 for the merge
-            row = (t * H + offs_h) * NUM_SPLITS + sp
-            po = out.to(po_ptr.dtype.element_ty)
-            gl.store(po_ptr + row[:, None] * DV + offs_c[None, :], po, mask=mask_h[:, None])
-            gl.store(plse_ptr + row, lse2, mask=mask_h)
+        else:
+            _sm120_row_program(
+                q_smem, qpe_smem, kv_smem, kpe_smem, slot_smem, p_smem, full_bars, empty_bars,
+                kv_ptr, idx_row, start, end, qk_scale, v_scale, q_ptr + t * stride_qt,
+                hb * BLOCK_H, H, stride_qh, PAGE, stride_kvb, stride_kvs,
+                o_ptr + t * stride_ot, stride_oh, lse_ptr + t * stride_lt, stride_lh, po_ptr,
+                plse_ptr, t * H, sp, NUM_SPLITS, BLOCK_H, BLOCK_N, DV, DR, NBUF, NUM_WARPS,
+                P_WARPS, P_REGS, KC, MK, HOLD_Q, CHAINS, DIRECT, L,
+            )  # fmt: skip
 
     def _sm120_constexprs(cfg: SparseMLAConfig, direct: bool, pdl: bool) -> dict[str, object]:
         """The SM120 kernel's compile-time arguments: 16-head groups of 4 warps stacked
-        along the heads, each warp a quarter of s's rows and of o's columns."""
+        along the heads, each warp a quarter of s's columns and of o's (k_split: of
+        q.kT's columns and of o's)."""
         groups = cfg.block_h // 16
-        layout = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[groups, cfg.num_warps // groups], instr_shape=[16, 8]
-        )
+        if cfg.k_split:  # 4 MMA warps along q.kT's columns (and o's) per 16-head group
+            layout = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[4, groups, 1], instr_shape=[1, 16, 8]
+            )
+        else:
+            layout = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[groups, cfg.num_warps // groups],
+                instr_shape=[16, 8],
+            )  # fmt: skip
         return {
             "BLOCK_H": cfg.block_h,
             "BLOCK_N": cfg.block_n,
@@ -503,4 +725,5 @@ if _HAS_GLUON_SM120:
             "CHAINS": cfg.qk_chains,
             "USE_PDL": pdl,
             "L": layout,
+            "KSPLIT": cfg.k_split,
         }
