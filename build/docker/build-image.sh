@@ -7,6 +7,7 @@
 #                             (default: pip's configured `cert`, when there is one)
 #   SOURCE_DATE_EPOCH         reproducible timestamp (default: last commit time)
 #   VLLM_SOURCE               sdist (default) or git (runtime only)
+#   NORMALIZE_IMAGE=0         keep the engine's build times (targets.toml's `normalize`)
 # Tags and labels come from build/targets.toml and the staged context (one --label each).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -81,4 +82,37 @@ if [[ -n $digest ]]; then
 else
     log "base $base_arg=$base is image $("$DOCKER" image inspect -f '{{.Id}}' "$base" 2>/dev/null ||
         echo '(not in the engine)') (built here or loaded: no registry digest)"
+fi
+
+# Build times clamped to SOURCE_DATE_EPOCH past the base's layers (targets.toml's
+# `normalize`; NORMALIZE_IMAGE=0 skips it), so that two builds of the same inputs give
+# the same image ID: this engine's BuildKit cannot do it itself. A build that the layer
+# cache answered gives the same raw image again, whose normalized ID is remembered.
+normalize_image() (  # a subshell: its EXIT trap removes the archives
+    raw=$("$DOCKER" image inspect -f '{{.Id}}' "${tag_list[0]}")
+    known=$(awk -v raw="$raw" -v epoch="$epoch" '$1 == raw && $2 == epoch { print $3 }' \
+        "$norm_map" 2>/dev/null | tail -1)
+    if [[ -n $known ]] && "$DOCKER" image inspect "$known" >/dev/null 2>&1; then
+        for tag in "${tag_list[@]}"; do "$DOCKER" tag "$known" "$tag"; done
+        log "normalized: $known (as before, for the same build)"
+        exit 0
+    fi
+    base_layers=$("$DOCKER" image inspect -f '{{len .RootFS.Layers}}' "$base")
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/normalize-image.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    log "normalizing $raw: times after $epoch clamped past the base's $base_layers layers"
+    "$DOCKER" save -o "$tmp/raw.tar" "${tag_list[@]}"
+    id=$(python3 build/docker/normalize_image.py "$tmp/raw.tar" "$tmp/image.tar" \
+        --epoch "$epoch" --keep-layers "$base_layers")
+    rm -f "$tmp/raw.tar"
+    "$DOCKER" load -q -i "$tmp/image.tar" >/dev/null
+    [[ $("$DOCKER" image inspect -f '{{.Id}}' "${tag_list[0]}") == "$id" ]] ||
+        { log "normalize: ${tag_list[0]} is not $id after the load"; exit 1; }
+    mkdir -p "$(dirname "$norm_map")"
+    echo "$raw $epoch $id" >>"$norm_map"
+    log "normalized: $id"
+)
+norm_map=${FRONTIER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/frontier-serve}/docker/normalized-images
+if [[ ${normalize:-0} == 1 && ${NORMALIZE_IMAGE:-1} != 0 ]]; then
+    normalize_image
 fi

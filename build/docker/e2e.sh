@@ -249,6 +249,11 @@ eval "$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime-cpu)
 labels_match .work/context/runtime-cpu.labels "$tag"
 apt_list_matches "$tag"
 installed_matches_lock "$tag"
+step "runtime-cpu normalized: created at SOURCE_DATE_EPOCH (build/docker/normalize_image.py)"
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
+created=$("$DOCKER" image inspect -f '{{.Created}}' "$tag")
+[[ $created == "$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)" ]] ||
+    { log "$tag was created at $created, not at SOURCE_DATE_EPOCH $epoch"; exit 1; }
 
 if [[ $only != dflash ]]; then
     up smoke

@@ -51,6 +51,7 @@ class Target:
     title: str
     description: str
     healthcheck: dict[str, int]
+    normalize: bool  # build-image.sh clamps the image's build times (normalize_image.py)
 
     def tag_names(self, version: str) -> list[str]:
         return [tag.format(version=version) for tag in self.tags]
@@ -230,6 +231,7 @@ def load(path: Path = TARGETS_FILE, loaded_pins: pins.Pins | None = None) -> Man
             healthcheck=_seconds(
                 entry, "healthcheck", where, ("interval", "timeout", "start-period", "retries")
             ),
+            normalize=_flag(entry, "normalize", where),
         )
     for target in targets.values():
         if target.family not in targets:
@@ -287,6 +289,13 @@ def _runtime(data: dict, path: Path) -> Runtime:
     return Runtime(str(entry["user"]), uid, entry["home"], entry["run-dir"])
 
 
+def _flag(entry: dict, key: str, where: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise PipelineError(f"{where}: {key} must be true or false, not {value!r}")
+    return value
+
+
 def shell(manifest: Manifest, target: str | None, service: str | None, version: str) -> str:
     """KEY=value lines (shell-quoted) for one target or service."""
     values: dict[str, object] = {}
@@ -301,6 +310,7 @@ def shell(manifest: Manifest, target: str | None, service: str | None, version: 
         values |= {"target": tgt.name, "family": tgt.family, "base_arg": tgt.base_arg}
         values |= {"python": tgt.python, "lock": tgt.lock}
         values |= {"tags": " ".join(tgt.tag_names(version)), "tag": tgt.tag_names(version)[0]}
+        values |= {"normalize": int(tgt.normalize)}
     return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 

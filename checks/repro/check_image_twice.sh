@@ -18,6 +18,8 @@ keep=0
 [[ ${1:-} == --keep ]] && keep=1
 root=${REPRO_DIR:-$REPO/.work/repro-image}
 base=${DEBIAN_BASE:-frontier-debian:bookworm}
+tag=$(PYTHONPATH=build python3 -m pipeline targets shell --target runtime-cpu 2>/dev/null |
+    sed -n 's/^tag=//p')
 started_engine=0
 
 cleanup() {
@@ -43,9 +45,11 @@ for x in a b; do
     mkdir -p "$root/$x/cache"
     "$DOCKER" builder prune --all --force >/dev/null
     t0=$(date +%s)
+    # (its tags are moved to the normalized image, so the repro tag is added after)
     FRONTIER_CACHE="$root/$x/cache" DEBIAN_BASE=$base \
-        build/docker/build-image.sh runtime-cpu --no-cache --tag "frontier-serve:repro-$x" \
+        build/docker/build-image.sh runtime-cpu --no-cache \
         >"$root/$x/build.log" 2>&1 || { tail -30 "$root/$x/build.log" >&2; exit 1; }
+    "$DOCKER" tag "$tag" "frontier-serve:repro-$x"
     log "build $x done in $(($(date +%s) - t0)) s: $("$DOCKER" image inspect -f '{{.Id}}' "frontier-serve:repro-$x")"
     "$DOCKER" save -o "$root/$x.tar" "frontier-serve:repro-$x"
 done

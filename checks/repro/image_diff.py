@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import stat
 import sys
 import tarfile
 from collections import Counter
@@ -29,7 +30,8 @@ class Entry:
     """One member of a layer tar, as far as it decides the layer's bytes."""
 
     kind: str  # file, dir, symlink, hardlink, char, block, fifo
-    mode: int
+    mode: int  # permission bits only: Go's tar writer also puts the file type there,
+    # Python's does not, and the type flag (kind) is what Docker reads
     owner: tuple[int, int]
     mtime: int
     size: int
@@ -120,7 +122,7 @@ def layer_entries(image: Image, index: int) -> dict[str, Entry]:
                                    if k not in ("path", "linkpath", "mtime", "size")))
                 out[m.name.rstrip("/") or "/"] = Entry(
                     kind=_KINDS.get(m.type, f"type {m.type!r}"),
-                    mode=m.mode,
+                    mode=stat.S_IMODE(m.mode),  # the type is `kind`; see Entry.mode
                     owner=(m.uid, m.gid),
                     mtime=int(m.mtime),
                     size=m.size,
