@@ -10,7 +10,8 @@
 #
 # Table of contents (stage: what it holds; the build/ step it runs)
 #   py-base         Debian + python3 + libnuma: base of runtime-cpu and of the builders
-#                   (runtime-cpu's steps run under build/docker/reproducible.sh)
+#                   (runtime-cpu's and runtime's steps run under build/docker/reproducible.sh;
+#                   build-image.sh then clamps the times the engine wrote: normalize_image.py)
 #   builder         py-base + GNU patch + the pipeline (build/pipeline, build/pins.toml)
 #   builder-check   builder + pytest: tests/pipeline under the builder's python3 (make check-image)
 #   plugin          patched vllm-gguf-plugin wheel      `pipeline wheels --upstream vllm-gguf-plugin`
@@ -237,11 +238,13 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
 FROM ${CUDA_BASE} AS cuda-base
 # gcc + Python headers: Triton builds its launcher module with them on first use;
 # g++: nvcc's host compiler, for DeepGEMM's and FlashInfer's JIT.
+# Its steps, as runtime-cpu's, run under reproducible.sh.
 RUN --mount=type=cache,target=/var/cache/apt,sharing=locked \
     --mount=type=cache,target=/var/lib/apt/lists,sharing=locked \
     --mount=type=bind,source=build/docker/apt-install.sh,target=/in/apt-install.sh \
-    sh /in/apt-install.sh python3 python3-venv python3-dev gcc g++ libc6-dev libnuma1 \
-        ca-certificates
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/apt-install.sh python3 python3-venv python3-dev gcc g++ \
+        libc6-dev libnuma1 ca-certificates
 ENV LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # ---------------------------------------------------------------- cuda-deps
@@ -256,8 +259,9 @@ RUN --mount=type=bind,source=.work/context/pins,target=/cache/pins \
     --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
     --mount=type=bind,source=build/docker/install-deps.sh,target=/in/install-deps.sh \
     --mount=type=bind,source=build/docker/cuda-home.sh,target=/in/cuda-home.sh \
-    sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps \
-    && sh /in/cuda-home.sh /opt/venv /opt/cuda
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/with-ca.sh sh /in/install-deps.sh /opt/venv /cache/deps \
+    && sh /in/reproducible.sh sh /in/cuda-home.sh /opt/venv /opt/cuda
 ENV PATH=/opt/venv/bin:/opt/cuda/bin:$PATH VIRTUAL_ENV=/opt/venv CUDA_HOME=/opt/cuda
 # FLASHINFER_CUBINS=download: FlashInfer's precompiled kernels, from NVIDIA's
 # artifact server (not reachable everywhere). Default: FlashInfer JIT-compiles
@@ -267,7 +271,8 @@ ENV FLASHINFER_CUBIN_DIR=/opt/flashinfer/cubins
 RUN --mount=type=secret,id=ca,target=/run/secrets/ca \
     --mount=type=bind,source=build/docker/with-ca.sh,target=/in/with-ca.sh \
     --mount=type=bind,source=build/docker/flashinfer-cubins.sh,target=/in/flashinfer-cubins.sh \
-    sh /in/with-ca.sh sh /in/flashinfer-cubins.sh "$FLASHINFER_CUBINS"
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/with-ca.sh sh /in/flashinfer-cubins.sh "$FLASHINFER_CUBINS"
 
 # ---------------------------------------------------------------- vllm-wheel
 FROM cuda-deps AS vllm-wheel
@@ -300,7 +305,8 @@ RUN --mount=type=bind,from=vllm-wheel,source=/out,target=/in/vllm \
     --mount=type=bind,from=plugin,source=/out,target=/in/plugin \
     --mount=type=bind,from=entrypoint,source=/out,target=/in/entrypoint \
     --mount=type=bind,source=build/docker/install-runtime.sh,target=/in/install-runtime.sh \
-    sh /in/install-runtime.sh /opt/venv /in/vllm /in/plugin /in/entrypoint
+    --mount=type=bind,source=build/docker/reproducible.sh,target=/in/reproducible.sh \
+    sh /in/reproducible.sh sh /in/install-runtime.sh /opt/venv /in/vllm /in/plugin /in/entrypoint
 # Kernels JIT-compiled on the first start (Triton, FlashInfer; vLLM already puts
 # DeepGEMM's there) go into vLLM's cache folder, the vllm-cache volume, so a
 # restarted container does not compile them again.
