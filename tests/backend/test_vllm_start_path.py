@@ -1,4 +1,4 @@
-"""vLLM patches 0014 and 0015: tokenizer work off a start's critical path.
+"""vLLM patches 0014-0016: work off a start's critical path.
 
 Real vLLM (the CPU tier) and a real byte-level BPE tokenizer (fixtures.tiny_model).
 - 0014: the renderer's tokenizer pool makes no copies when built, the background
@@ -6,13 +6,18 @@ Real vLLM (the CPU tier) and a real byte-level BPE tokenizer (fixtures.tiny_mode
   them and resolves the chat template, and warmup() joins it.
 - 0015: the engine core's structured-output manager loads its tokenizer on its
   grammar executor instead of in its constructor.
-Each fails on the unpatched vLLM (no `defer`, no `warmup_text`, no `_tokenizer_future`).
+- 0016: on CPU with the multiprocessing executor the engine core is forked (as on
+  GPUs) while its workers stay spawned.
+Each fails on the unpatched vLLM (no `defer`, no `warmup_text`, no `_tokenizer_future`,
+no `_engine_core_mp_context`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from importlib.util import find_spec
 from pathlib import Path
@@ -131,3 +136,40 @@ def test_structured_output_tokenizer_loads_on_the_grammar_executor(tiny_dir: Pat
     tokenizer = manager.tokenizer
     assert tokenizer.encode("the cat") == tokenizer.encode("the cat")
     assert len(tokenizer) > 256
+
+
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    """vLLM's CPU platform sets process-wide variables while it checks a config."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_cpu_engine_core_is_forked_and_its_workers_spawned(
+    tiny_dir: Path, restored_environ: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.utils.system_utils import get_mp_context
+    from vllm.v1.engine.utils import _engine_core_mp_context
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    config = _vllm_config(tiny_dir)
+    assert config.parallel_config.distributed_executor_backend == "mp"  # forced on CPU
+    assert _engine_core_mp_context(config).get_start_method() == "fork"
+    assert get_mp_context().get_start_method() == "spawn"  # the workers, as before
+
+
+def test_without_the_multiprocessing_executor_the_start_method_is_unchanged(
+    tiny_dir: Path, restored_environ: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.utils.system_utils import get_mp_context
+    from vllm.v1.engine.utils import _engine_core_mp_context
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    config = _vllm_config(tiny_dir)
+    assert config.parallel_config.distributed_executor_backend != "mp"
+    assert (_engine_core_mp_context(config).get_start_method()
+            == get_mp_context().get_start_method())
