@@ -69,10 +69,13 @@ log "built ${tag_list[0]}"
 if [[ $target != builder-check ]]; then
     # The apt packages that went in (apt-install.sh's list), by sha256 in a label. A
     # label can only be given at build time, so the same build runs again, all cached.
+    # (Without --no-cache: the first build has just filled the cache this one must hit.)
     apt_sum=$(apt_list_sha256 "${tag_list[0]}")
     log "label io.frontier-serve.apt-packages.sha256=$apt_sum"
+    again=()
+    for arg in "$@"; do [[ $arg == --no-cache ]] || again+=("$arg"); done
     DOCKER_BUILDKIT=1 "$DOCKER" build --quiet --network=host --target "$target" "${args[@]}" \
-        --label "io.frontier-serve.apt-packages.sha256=$apt_sum" "$@" . >/dev/null
+        --label "io.frontier-serve.apt-packages.sha256=$apt_sum" "${again[@]}" . >/dev/null
 fi
 # The base that went in, by digest: a tag can move; pin CUDA_BASE=name@sha256:... to keep it.
 base=${!base_arg:-$(sed -n "s/^ARG $base_arg=//p" Dockerfile | head -1)}
@@ -90,8 +93,9 @@ fi
 # cache answered gives the same raw image again, whose normalized ID is remembered.
 normalize_image() (  # a subshell: its EXIT trap removes the archives
     raw=$("$DOCKER" image inspect -f '{{.Id}}' "${tag_list[0]}")
-    known=$(awk -v raw="$raw" -v epoch="$epoch" '$1 == raw && $2 == epoch { print $3 }' \
-        "$norm_map" 2>/dev/null | tail -1)
+    known=
+    [[ -f $norm_map ]] && known=$(awk -v raw="$raw" -v epoch="$epoch" \
+        '$1 == raw && $2 == epoch { id = $3 } END { print id }' "$norm_map")
     if [[ -n $known ]] && "$DOCKER" image inspect "$known" >/dev/null 2>&1; then
         for tag in "${tag_list[@]}"; do "$DOCKER" tag "$known" "$tag"; done
         log "normalized: $known (as before, for the same build)"
