@@ -85,6 +85,8 @@ up() {  # up SERVICE: a free port, compose up --wait (wait from build/targets.to
     wait_health healthy 5
     compose ps
     "$DOCKER" exec "$(compose ps -q "$service")" python -m entrypoint probe
+    # the start's steps and their times, for the log (docs/internals.md reads them)
+    "$DOCKER" exec "$(compose ps -q "$service")" python -m entrypoint status
 }
 complete() {  # one greedy completion of the service's model and prompt that must return text; sets $text
     local reply
