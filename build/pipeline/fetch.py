@@ -10,11 +10,10 @@ import os
 import ssl
 import sys
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from . import pipconfig
+from . import net, pipconfig
 from .errors import PipelineError
 from .paths import cache_dir
 from .pins import PinnedFile, Pins
@@ -75,7 +74,7 @@ def _candidates(pin: PinnedFile, config: pipconfig.PipConfig) -> Iterator[str]:
         if page.startswith("file://"):
             page += "index.html"  # as pip does for a local index folder
         try:
-            with urllib.request.urlopen(page, context=_context(config), timeout=60) as resp:
+            with net.urlopen(page, context=_context(config), timeout=60) as resp:
                 body = resp.read().decode("utf-8", "replace")
                 base = resp.geturl()
         except (OSError, ValueError):
@@ -102,7 +101,7 @@ def _download(source: str, dest: Path, pin: PinnedFile, config: pipconfig.PipCon
         stream = local.open("rb")
         total: int | None = local.stat().st_size
     else:
-        stream = urllib.request.urlopen(source, context=_context(config), timeout=120)
+        stream = net.urlopen(source, context=_context(config), timeout=120)
         length = stream.headers.get("Content-Length")
         total = int(length) if length else None
     with stream, dest.open("wb") as out:

@@ -39,7 +39,7 @@ except ImportError:  # pip always carries it
         parse_wheel_filename,
     )
 
-from . import locks, pins, pipconfig, targets
+from . import locks, net, pins, pipconfig, targets
 from .errors import PipelineError
 from .fetch import _context
 
@@ -87,7 +87,7 @@ def index_files(name: str, config: pipconfig.PipConfig) -> list[IndexFile]:
         url = f"{index.rstrip('/')}/{locks.normalize(name)}/"
         request = urllib.request.Request(url, headers={"Accept": JSON_ACCEPT})
         try:
-            with urllib.request.urlopen(request, context=_context(config), timeout=60) as resp:
+            with net.urlopen(request, context=_context(config), timeout=60) as resp:
                 data = json.load(resp)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
