@@ -87,8 +87,10 @@ kernel-upstream: ## (re-)extract vLLM's sparse_utils.py for the kernel-call test
 # broke twice in trials. Each test file runs once: `rest` is the whole folder less the
 # others.
 DFLASH_TESTS := tests/backend/test_dflash_cpu.py
-SERVER_TESTS := $(addprefix tests/entrypoint/test_entrypoint_,two_nodes.py dflash_server.py \
-                  vllm_server.py vllm_watchdog.py hub_vllm_server.py doctor.py)
+# The servers shard's DFlash file comes last: on a new machine it waits for the DFlash
+# shard to build the trained target, which the other files give time to finish.
+SERVER_TESTS := $(addprefix tests/entrypoint/test_entrypoint_,two_nodes.py vllm_server.py \
+                  vllm_watchdog.py hub_vllm_server.py doctor.py dflash_server.py)
 GGUF_CPU_TESTS := tests/gguf_cpu
 FAULT_TESTS  := tests/entrypoint/test_entrypoint_vllm_faults.py
 test: venv lint $(UPSTREAM_COPY) ## the whole CPU test suite (what CI runs): shards two at a time, then the fault tests alone
