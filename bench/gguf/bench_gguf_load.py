@@ -477,7 +477,8 @@ def main() -> int:
         peer = run_child("peer", spec)
 
         def rank_run(tp: int, rank: int, ep: bool, **more: object) -> dict:
-            progress = work / f"progress-{tp}-{rank}-{int(ep)}-{len(more)}"
+            how = "-".join(f"{k}{v}" for k, v in sorted(more.items()))  # one folder per run
+            progress = work / f"progress-{tp}-{rank}-{int(ep)}-{how}"
             return run_child("child", {**spec, "tp": tp, "rank": rank, "ep": ep,
                                        "progress": str(progress), **more})
 
