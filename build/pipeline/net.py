@@ -2,9 +2,9 @@
 
 CI once failed 53 s in on a single `Temporary failure in name resolution` from
 PyPI (lock-wheels). pip and uv retry such faults; our own requests do the same:
-a refused or reset connection, a failed name lookup, a timeout, or HTTP 429/5xx
-is tried again after 2, 4, 8, 16 and 30 s (one minute in all), saying so on
-stderr. Anything else (404, a bad certificate, a local path) fails at once.
+a refused or reset connection, a failed name lookup, a timeout, or HTTP 408, 429,
+500, 502, 503 or 504 is tried again after 2, 4, 8, 16 and 30 s (one minute in all),
+saying so on stderr. Anything else (404, a bad certificate, a local path) fails at once.
 """
 
 from __future__ import annotations

@@ -3,12 +3,13 @@ package indexes served from the test's own folders (file:// or 127.0.0.1)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,19 +93,26 @@ class _LyingHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def serving(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering with `handler`; yields its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
 @pytest.fixture
 def http_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An HTTP server on 127.0.0.1 serving tmp_path/www."""
     www = tmp_path / "www"
     www.mkdir()
-    handler = functools.partial(_LyingHandler, directory=str(www))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", www
+        with serving(functools.partial(_LyingHandler, directory=str(www))) as url:
+            yield url, www
     finally:
-        server.shutdown()
         _LyingHandler.truncate = set()
 
 

@@ -2,13 +2,14 @@
 
 import http.server
 import json
-import threading
 import urllib.error
 from collections.abc import Iterator
 
 import pytest
 
 from pipeline import lock_wheels, net, pipconfig
+
+from .conftest import serving
 
 
 class _FlakyIndex(http.server.BaseHTTPRequestHandler):
@@ -39,12 +40,8 @@ class _FlakyIndex(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def flaky() -> Iterator[str]:
     _FlakyIndex.seen = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FlakyIndex)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with serving(_FlakyIndex) as url:
+        yield url
 
 
 def test_lock_wheels_outlasts_two_503s_and_says_so(
