@@ -15,9 +15,7 @@ no `_engine_core_mp_context`).
 from __future__ import annotations
 
 import copy
-import os
 import threading
-from collections.abc import Iterator
 from concurrent.futures import Future
 from importlib.util import find_spec
 from pathlib import Path
@@ -136,17 +134,6 @@ def test_structured_output_tokenizer_loads_on_the_grammar_executor(tiny_dir: Pat
     tokenizer = manager.tokenizer
     assert tokenizer.encode("the cat") == tokenizer.encode("the cat")
     assert len(tokenizer) > 256
-
-
-@pytest.fixture
-def restored_environ() -> Iterator[None]:
-    """vLLM's CPU platform sets process-wide variables while it checks a config."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def test_cpu_engine_core_is_forked_and_its_workers_spawned(

@@ -27,17 +27,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
-def clean_serve_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def clean_serve_env(monkeypatch: pytest.MonkeyPatch, restored_environ: None) -> None:
     """The runner's own SERVE_*/VLLM_API_KEY must not leak into a test, and what a test's
     in-process `serve` exports for vLLM (VLLM_LOGGING_CONFIG_PATH, the load progress
-    folder) must not leak into later tests' real servers."""
+    folder) must not leak into later tests' real servers (restored_environ)."""
     for name in list(os.environ):
         if name.startswith("SERVE_") or name == "VLLM_API_KEY":
             monkeypatch.delenv(name)
-    before = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(before)
 
 
 @pytest.fixture(autouse=True)
