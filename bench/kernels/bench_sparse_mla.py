@@ -563,13 +563,18 @@ def sweep_variants_sm120(mod: object) -> dict[str, tuple[object, Callable[[int],
                 hold_q=hq, producer_regs=pr, qk_chains=ch)  # fmt: skip
         name = f"g_h{h}n{n}s{st}p{pw}" + ("-q" if hq else "") + (f"-r{pr}" if pr != 88 else "")
         shapes[name + (f"-c{ch}" if ch != 1 else "")] = (g, any_h if h == 16 else mid)
-    # -k: the MMA warps split q.kT's columns (k_split) instead of s's rows.
-    for h, n, st, pw in [(16, 32, 2, 4), (16, 32, 2, 2), (16, 16, 4, 4), (16, 16, 3, 4),
-                         (32, 32, 2, 2), (32, 32, 2, 4), (32, 16, 3, 4), (32, 16, 4, 2),
-                         (32, 16, 3, 2)]:  # fmt: skip
+    # -k: the MMA warps split q.kT's columns (k_split) instead of s's rows (-r{n} as
+    # above, for the e4m3 cache's widening producers).
+    for h, n, st, pw, pr in [
+        (16, 32, 2, 4, 88), (16, 32, 2, 2, 88), (16, 16, 4, 4, 88), (16, 16, 3, 4, 88),
+        (32, 32, 2, 2, 88), (32, 32, 2, 4, 88), (32, 16, 3, 4, 88), (32, 16, 4, 2, 88),
+        (32, 16, 3, 2, 88), (16, 32, 2, 8, 96), (16, 32, 2, 4, 168), (16, 16, 3, 8, 96),
+        (32, 16, 3, 4, 128), (32, 16, 3, 8, 96),
+    ]:
         g = cfg(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True, producer_warps=pw,
-                k_split=True)  # fmt: skip
-        shapes[f"g_h{h}n{n}s{st}p{pw}-k"] = (g, any_h if h == 16 else mid)
+                producer_regs=pr, k_split=True)  # fmt: skip
+        name = f"g_h{h}n{n}s{st}p{pw}-k" + (f"-r{pr}" if pr != 88 else "")
+        shapes[name] = (g, any_h if h == 16 else mid)
     return {
         k: v for k, v in shapes.items() if v[0].smem_estimate() <= mod.SMALL_SMEM_BYTES
     }

@@ -541,14 +541,18 @@ def test_gluon_sm120(cfg: object, t: int, h: int, topk: int, num_splits: int) ->
 
 
 # Over an e4m3 cache the producers widen the rows through registers: the table's build,
-# and builds whose producers have fewer warps or a stage more.
+# and builds whose producers have fewer warps or a stage more, into row-split and
+# K-split stages (16 and 32 heads, 16- and 32-row tiles).
 SM120_FP8_CFGS = list(dict.fromkeys([
     mod.SparseMLAConfig(h, n, 4 * h // 16, st, per_sm=1, pdl=True, gluon120=True,
-                        producer_warps=pw, producer_regs=pr, hold_q=hq, qk_chains=ch)
-    for h, n, st, pw, pr, hq, ch in [
-        (16, 32, 2, 2, 168, False, 1), (16, 16, 3, 4, 168, False, 1),
-        (32, 16, 2, 4, 168, False, 1), (16, 32, 2, 4, 168, False, 1),
-        (16, 32, 2, 4, 128, True, 1), (16, 32, 2, 8, 96, False, 3),
+                        producer_warps=pw, producer_regs=pr, hold_q=hq, qk_chains=ch,
+                        k_split=ks)
+    for h, n, st, pw, pr, hq, ch, ks in [
+        (16, 32, 2, 2, 168, False, 1, False), (16, 16, 3, 4, 168, False, 1, False),
+        (32, 16, 2, 4, 168, False, 1, False), (16, 32, 2, 4, 168, False, 1, False),
+        (16, 32, 2, 4, 128, True, 1, False), (16, 32, 2, 8, 96, False, 3, False),
+        (16, 32, 2, 8, 96, False, 1, True), (16, 16, 3, 8, 96, False, 1, True),
+        (32, 16, 3, 4, 88, False, 1, True), (32, 32, 2, 4, 168, False, 1, True),
     ]
 ] + [c for k, c in mod._CONFIGS_SMALL.items() if c.gluon120 and k.endswith("_fp8")]))
 
@@ -594,14 +598,6 @@ def test_sm120_config_without_a_build_is_refused(cfg: object) -> None:
     q, kv, idx = make_inputs(8, 16, 128, num_blocks=8)
     with pytest.raises(ValueError, match="no SM120 Gluon sparse-MLA build"):
         mod.sparse_mla_fwd(q, kv, idx, 0.05, config=cfg)
-
-
-def test_sm120_k_split_refuses_an_fp8_cache() -> None:
-    # Its producers copy rows as they are: an e4m3 cache needs the widening producers.
-    q, kv, idx = make_inputs(8, 32, 128, num_blocks=8)
-    cfg = mod._CONFIGS_SMALL["g120_h32n16_k"]
-    with pytest.raises(ValueError, match="K-split build reads KV in q's dtype"):
-        mod.sparse_mla_fwd(q, kv.to(torch.float8_e4m3fn), idx, 0.05, config=cfg)
 
 
 @pytest.mark.parametrize(
@@ -658,8 +654,8 @@ def test_sm90_picks_gluon(t: int, h: int) -> None:
 def test_sm120_picks_its_family(t: int, h: int) -> None:
     # The SM120 family wherever the stand-in measured it ahead: 16-bit KV from two tokens
     # up to 32 heads as K-split builds (16- and 32-head blocks), a lone token of up to 16
-    # heads (32 x 1 stays on h16_n32), an e4m3 cache up to 32 heads from one token; the
-    # Triton configs stay behind it.
+    # heads (32 x 1 stays on h16_n32), an e4m3 cache up to 32 heads (K-split stages
+    # from two tokens); the Triton configs stay behind it.
     sm120 = mod.DeviceInfo(num_sms=188, smem_bytes=101376, major=12)
     has = mod._HAS_GLUON_SM120
     bf16 = mod.candidate_configs(t, h, sm120)
@@ -669,7 +665,9 @@ def test_sm120_picks_its_family(t: int, h: int) -> None:
     want = has and ((h <= 16 and t == 1) or (t >= 2 and h > 32 and t < 16))
     assert (bf16[0] == mod._CONFIGS_SMALL["g120_h16n32"]) == want
     fp8 = mod.candidate_configs(t, h, sm120, kv_bytes=1)
-    assert (fp8[0] == mod._CONFIGS_SMALL["g120_h16n32_fp8"]) == (has and h <= 32)
+    assert (fp8[0] == mod._CONFIGS_SMALL["g120_h16n32_fp8"]) == (has and h <= 32 and t == 1)
+    assert (fp8[0] == mod._CONFIGS_SMALL["g120_h16n32_k_fp8"]) == (has and h <= 16 and t >= 2)
+    assert (fp8[0] == mod._CONFIGS_SMALL["g120_h32n16_k"]) == k32
     assert any(not c.gluon120 for c in (*bf16, *fp8))
     # Not on a 99 KiB part of compute capability 8 (no mbarrier try_wait there).
     sm86 = mod.DeviceInfo(num_sms=84, smem_bytes=101376, major=8)

@@ -218,10 +218,16 @@ _CONFIGS_SMALL: dict[str, SparseMLAConfig] = {
     "g120_h32n16_k": SparseMLAConfig(
         32, 16, 8, 3, per_sm=1, pdl=True, gluon120=True, producer_warps=4, k_split=True
     ),
-    # The same over an e4m3 cache, from one token: 8 producer warps widen the rows through
-    # registers, two tiles in flight each (96 registers a thread, no spills).
+    # An e4m3 cache, a lone token of up to 32 heads: 8 producer warps widen the rows
+    # through registers, two tiles in flight each (96 registers a thread, no spills).
     "g120_h16n32_fp8": SparseMLAConfig(
         16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=8, producer_regs=96
+    ),
+    # An e4m3 cache, up to 16 heads from two tokens: the same producers into K-split
+    # stages. 17-32 heads take g120_h32n16_k, whose 4 producer warps widen as well.
+    "g120_h16n32_k_fp8": SparseMLAConfig(
+        16, 32, 4, 2, per_sm=1, pdl=True, gluon120=True, producer_warps=8, producer_regs=96,
+        k_split=True,
     ),
     # A lone token: 37 KiB, two programs per SM, so split-K makes 2 x SMs programs.
     "h16_n16_p2": SparseMLAConfig(16, 16, 4, 2, per_sm=2, pdl=True),
@@ -325,6 +331,8 @@ def candidate_configs(
         sm120 = _HAS_GLUON_SM120 and info.major >= 12
         if kv_bytes == 1 and sm120 and num_heads <= 32:
             order = ["g120_h16n32_fp8", "h16_n16_p2_fp8", "h16_n16_fp8"]
+            if num_tokens >= 2:  # K-split stages from two tokens
+                order.insert(0, "g120_h16n32_k_fp8" if num_heads <= 16 else "g120_h32n16_k")
         elif kv_bytes == 1:
             wide = num_heads > 16 and num_tokens >= 16
             order = ["h32_n32_fp8" if wide else "h16_n16_p2_fp8", "h16_n16_fp8"]
@@ -577,8 +585,6 @@ def _launch(
             or (cfg.k_split and (cfg.hold_q or cfg.qk_chains != 1))
         ):
             raise ValueError(f"no SM120 Gluon sparse-MLA build for {cfg}")
-        if cfg.k_split and kv_cache.dtype != q.dtype:
-            raise ValueError("the SM120 K-split build reads KV in q's dtype")
         if not (_HAS_GLUON_SM120 and info.major >= 9) or interpret:
             raise ValueError("the SM120 Gluon sparse-MLA kernel needs an SM90 or newer GPU")
         if kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):

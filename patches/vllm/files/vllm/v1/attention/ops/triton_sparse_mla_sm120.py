@@ -64,19 +64,19 @@ if _HAS_GLUON_SM120:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, KS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps: by cp.async from a cache in q's dtype, through registers
-        (widened) from an fp8 one."""
+        (widened) from an fp8 one. KS > 0: K-split stages (_sm120_gather_cp)."""
         if kv_ptr.dtype.element_ty == kv_smem.dtype:
             _sm120_gather_cp(
                 kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
-                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS, 0,
+                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS, KS,
             )  # fmt: skip
         else:
             _sm120_gather_widen(
                 kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start,
-                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+                end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS, KS,
             )  # fmt: skip
 
     @gluon.jit
@@ -147,19 +147,19 @@ if _HAS_GLUON_SM120:
             sr = sr_next
 
     @gluon.jit
-    def _sm120_fetch(
-        kv_words, sg, sr, PAGE, stride_kvb, stride_kvs,
-        DV: gl.constexpr, DR: gl.constexpr, GL: gl.constexpr, RL: gl.constexpr,
-    ):  # fmt: skip
+    def _sm120_fetch(kv_words, sg, sr, col_g, col_r, PAGE, stride_kvb, stride_kvs):
         """One tile's fp8 rows into registers as 32-bit words (four values a word): the
-        latent part (slots sg, layout GL) and the rope part (slots sr, layout RL); rows of
-        slot < 0 read as zeros. Strides are in words."""
-        cols_g = gl.arange(0, DV // 4, layout=gl.SliceLayout(0, GL))
-        cols_r = gl.arange(0, DR // 4, layout=gl.SliceLayout(0, RL))
+        latent part (slots sg) and the rope part (slots sr) at word columns col_g and
+        col_r, [cols] or, K-split, [KS, 1, cols]; rows of slot < 0 read as zeros.
+        Strides are in words."""
         row_g, vg = _sm120_rows(kv_words, sg, PAGE, stride_kvb, stride_kvs)
-        x_g = gl.load(row_g[:, None] + cols_g[None, :], mask=vg[:, None], other=0)
         row_r, vr = _sm120_rows(kv_words, sr, PAGE, stride_kvb, stride_kvs)
-        x_r = gl.load(row_r[:, None] + DV // 4 + cols_r[None, :], mask=vr[:, None], other=0)
+        if len(col_g.shape) == 3:
+            x_g = gl.load(row_g[None, :, None] + col_g, mask=vg[None, :, None], other=0)
+            x_r = gl.load(row_r[None, :, None] + col_r, mask=vr[None, :, None], other=0)
+        else:
+            x_g = gl.load(row_g[:, None] + col_g[None, :], mask=vg[:, None], other=0)
+            x_r = gl.load(row_r[:, None] + col_r[None, :], mask=vr[:, None], other=0)
         return x_g, x_r
 
     @gluon.jit
@@ -201,7 +201,11 @@ if _HAS_GLUON_SM120:
                 }""",
                 "=r,=r,r", [x], dtype=(gl.int32, gl.int32), is_pure=True, pack=1,
             )  # fmt: skip
-        return gl.reshape(gl.join(lo, hi), [x.shape[0], 2 * x.shape[1]])
+        if len(x.shape) == 3:
+            out = gl.reshape(gl.join(lo, hi), [x.shape[0], x.shape[1], 2 * x.shape[2]])
+        else:
+            out = gl.reshape(gl.join(lo, hi), [x.shape[0], 2 * x.shape[1]])
+        return out
 
     @gluon.jit
     def _sm120_words(stage, shape: gl.constexpr, layout: gl.constexpr):
@@ -217,7 +221,7 @@ if _HAS_GLUON_SM120:
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
         BLOCK_N: gl.constexpr, DV: gl.constexpr, DR: gl.constexpr, NBUF: gl.constexpr,
-        P_WARPS: gl.constexpr,
+        P_WARPS: gl.constexpr, KS: gl.constexpr,
     ):  # fmt: skip
         """Producer warps over an e4m3 cache: the stages hold the tiles widened to q's
         dtype, so the MMA warps run exactly as over a 16-bit cache. cp.async cannot widen:
@@ -225,27 +229,54 @@ if _HAS_GLUON_SM120:
         spill). Tile i + 1's rows are in flight while tile i is widened and stored, and
         its slots two tiles ahead. A stage is complete once every
         producer thread has passed the partition's barrier (the full barrier counts one
-        arrival)."""
+        arrival). KS > 0: K-split stages, laid out as _sm120_gather_cp's."""
         # Two words (8 fp8) a thread and a row piece: widened, a warp's 16-byte stores
         # then cover 512 contiguous bytes (16-byte pieces would be 32 bytes apart: twice
         # the store wavefronts).
-        g_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [P_WARPS, 1], [1, 0])
-        r_layout: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [P_WARPS, 1], [1, 0])
         i_layout: gl.constexpr = gl.BlockedLayout([1], [32], [P_WARPS], [0])
-        # The stages as 32-bit words: the same bytes, swizzled in the same 16-byte units.
-        words: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+        if KS:  # [KS, BLOCK_N, words]: a warp covers two parts of a row (256 bytes read)
+            WG: gl.constexpr = DV // KS // 4  # words of a part's latent slice
+            WR: gl.constexpr = DR // KS // 4
+            g_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 2], [32 // (WG // 2), 1, WG // 2], [1, P_WARPS, 1], [2, 1, 0]
+            )
+            r_layout: gl.constexpr = gl.BlockedLayout(
+                [1, 1, 2], [KS, 32 // KS // (WR // 2), WR // 2], [1, P_WARPS, 1], [2, 0, 1]
+            )
+            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, g_layout)))
+            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, r_layout)))
+            part_g = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, g_layout)))
+            part_r = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, r_layout)))
+            c_g = gl.arange(0, WG, layout=gl.SliceLayout(0, gl.SliceLayout(1, g_layout)))
+            c_r = gl.arange(0, WR, layout=gl.SliceLayout(0, gl.SliceLayout(1, r_layout)))
+            col_g = (part_g * WG)[:, None, None] + c_g[None, None, :]
+            col_r = DV // 4 + (part_r * WR)[:, None, None] + c_r[None, None, :]
+            # The K-split stages' swizzles (_sparse_mla_split_kernel_sm120) in 16-byte units.
+            words_g: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0])
+            words_r: gl.constexpr = gl.SwizzledSharedLayout(4, 4, 2, [2, 1, 0])
+            shape_g: gl.constexpr = [KS, BLOCK_N, 2 * WG]
+            shape_r: gl.constexpr = [KS, BLOCK_N, 2 * WR]
+        else:
+            g_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [P_WARPS, 1], [1, 0])
+            r_layout: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [P_WARPS, 1], [1, 0])
+            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
+            col_g = gl.arange(0, DV // 4, layout=gl.SliceLayout(0, g_layout))
+            col_r = DV // 4 + gl.arange(0, DR // 4, layout=gl.SliceLayout(0, r_layout))
+            # The stages as 32-bit words: the same bytes, swizzled in the same 16-byte units.
+            words_g: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+            words_r: gl.constexpr = words_g
+            shape_g: gl.constexpr = [BLOCK_N, DV // 2]
+            shape_r: gl.constexpr = [BLOCK_N, DR // 2]
         to_bf16: gl.constexpr = kv_smem.dtype == gl.bfloat16
         kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
         stride_b = stride_kvb // 4
         stride_s = stride_kvs // 4
-        rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
-        rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
         rows_i = gl.arange(0, BLOCK_N, layout=i_layout)
         n_tiles = gl.cdiv(end - start, BLOCK_N)
         sg = gl.load(idx_row + start + rows_g, mask=start + rows_g < end, other=-1)
         sr = gl.load(idx_row + start + rows_r, mask=start + rows_r < end, other=-1)
-        x_g, x_r = _sm120_fetch(kv_words, sg, sr, PAGE, stride_b, stride_s, DV, DR,
-                                g_layout, r_layout)  # fmt: skip
+        x_g, x_r = _sm120_fetch(kv_words, sg, sr, col_g, col_r, PAGE, stride_b, stride_s)
         n1 = start + BLOCK_N
         sg = gl.load(idx_row + n1 + rows_g, mask=n1 + rows_g < end, other=-1)
         sr = gl.load(idx_row + n1 + rows_r, mask=n1 + rows_r < end, other=-1)
@@ -253,19 +284,14 @@ if _HAS_GLUON_SM120:
             n0 = start + i * BLOCK_N
             x_s = gl.load(idx_row + n0 + rows_i, mask=n0 + rows_i < end, other=-1)
             # Tile i + 1's rows (zeros past the end), then tile i + 2's slots.
-            y_g, y_r = _sm120_fetch(kv_words, sg, sr, PAGE, stride_b, stride_s, DV, DR,
-                                    g_layout, r_layout)  # fmt: skip
+            y_g, y_r = _sm120_fetch(kv_words, sg, sr, col_g, col_r, PAGE, stride_b, stride_s)
             n2 = n0 + 2 * BLOCK_N
             sg = gl.load(idx_row + n2 + rows_g, mask=n2 + rows_g < end, other=-1)
             sr = gl.load(idx_row + n2 + rows_r, mask=n2 + rows_r < end, other=-1)
             b = i % NBUF
             mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
-            _sm120_words(kv_smem.index(b), [BLOCK_N, DV // 2], words).store(
-                _sm120_widen(x_g, to_bf16)
-            )
-            _sm120_words(kpe_smem.index(b), [BLOCK_N, DR // 2], words).store(
-                _sm120_widen(x_r, to_bf16)
-            )
+            _sm120_words(kv_smem.index(b), shape_g, words_g).store(_sm120_widen(x_g, to_bf16))
+            _sm120_words(kpe_smem.index(b), shape_r, words_r).store(_sm120_widen(x_r, to_bf16))
             slot_smem.index(b).store(x_s)
             _cta_barrier()  # every producer thread's stores are done
             mbarrier.arrive(full_bars.index(b))
@@ -525,7 +551,8 @@ if _HAS_GLUON_SM120:
                 (
                     _sm120_gather,
                     (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
-                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS),
+                     start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
+                     0),
                 ),
             ],
             [P_WARPS],
@@ -572,7 +599,7 @@ if _HAS_GLUON_SM120:
                      qk_scale, q_tok, h0, H, stride_qh, BLOCK_H, BLOCK_N, DV, DR, NBUF, KS, L3),
                 ),
                 (
-                    _sm120_gather_cp,
+                    _sm120_gather,
                     (kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row,
                      start, end, PAGE, stride_kvb, stride_kvs, BLOCK_N, DV, DR, NBUF, P_WARPS,
                      KS),
