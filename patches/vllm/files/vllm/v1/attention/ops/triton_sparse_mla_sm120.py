@@ -80,6 +80,18 @@ if _HAS_GLUON_SM120:
             )  # fmt: skip
 
     @gluon.jit
+    def _sm120_part_cols(
+        BLOCK_N: gl.constexpr, KS: gl.constexpr, W: gl.constexpr, BASE: gl.constexpr,
+        L3: gl.constexpr,
+    ):  # fmt: skip
+        """A K-split tile's pieces in layout L3 ([KS, BLOCK_N, W]): the rows' index, and
+        each element's column BASE + k * W + c (part k's slice of W columns)."""
+        rows = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        parts = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+        cols = gl.arange(0, W, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        return rows, BASE + (parts * W)[:, None, None] + cols[None, None, :]
+
+    @gluon.jit
     def _sm120_gather_cp(
         kv_smem, kpe_smem, slot_smem, full_bars, empty_bars, kv_ptr, idx_row, start, end,
         PAGE, stride_kvb, stride_kvs,
@@ -102,14 +114,8 @@ if _HAS_GLUON_SM120:
             r3: gl.constexpr = gl.BlockedLayout(
                 [1, 1, 8], [1, 32 // (DQR // 8), DQR // 8], [1, P_WARPS, 1], [2, 1, 0]
             )
-            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, g3)))
-            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, r3)))
-            part_g = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, g3)))
-            part_r = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, r3)))
-            cols_g = gl.arange(0, DQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, g3)))
-            cols_r = gl.arange(0, DQR, layout=gl.SliceLayout(0, gl.SliceLayout(1, r3)))
-            col_g = (part_g * DQ)[:, None, None] + cols_g[None, None, :]
-            col_r = DV + (part_r * DQR)[:, None, None] + cols_r[None, None, :]
+            rows_g, col_g = _sm120_part_cols(BLOCK_N, KS, DQ, 0, g3)
+            rows_r, col_r = _sm120_part_cols(BLOCK_N, KS, DQR, DV, r3)
         else:
             g_layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [P_WARPS, 1], [1, 0])
             r_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [P_WARPS, 1], [1, 0])
@@ -243,14 +249,8 @@ if _HAS_GLUON_SM120:
             r_layout: gl.constexpr = gl.BlockedLayout(
                 [1, 1, 2], [KS, 32 // KS // (WR // 2), WR // 2], [1, P_WARPS, 1], [2, 0, 1]
             )
-            rows_g = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, g_layout)))
-            rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, r_layout)))
-            part_g = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, g_layout)))
-            part_r = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, r_layout)))
-            c_g = gl.arange(0, WG, layout=gl.SliceLayout(0, gl.SliceLayout(1, g_layout)))
-            c_r = gl.arange(0, WR, layout=gl.SliceLayout(0, gl.SliceLayout(1, r_layout)))
-            col_g = (part_g * WG)[:, None, None] + c_g[None, None, :]
-            col_r = DV // 4 + (part_r * WR)[:, None, None] + c_r[None, None, :]
+            rows_g, col_g = _sm120_part_cols(BLOCK_N, KS, WG, 0, g_layout)
+            rows_r, col_r = _sm120_part_cols(BLOCK_N, KS, WR, DV // 4, r_layout)
             # The K-split stages' swizzles (_sparse_mla_split_kernel_sm120) in 16-byte units.
             words_g: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0])
             words_r: gl.constexpr = gl.SwizzledSharedLayout(4, 4, 2, [2, 1, 0])
