@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
+
+from fixtures.loopback import loopback_server
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -112,12 +113,5 @@ def running_stand_in_hub(
     repos: dict[str, dict[str, bytes]], private: dict[str, str] | None = None
 ) -> Iterator[StandInHub]:
     hub = StandInHub("", repos, dict(private or {}))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
-    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(_handler(hub)) as hub.url:
         yield hub
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -8,10 +8,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +18,7 @@ import pytest
 
 from entrypoint.watch.statusfile import process_start, read_json, read_ready, write_ready
 from entrypoint.watch.watcher import WatchConfig
+from fixtures.loopback import loopback_server
 from fixtures.serving import wait_for
 
 pytestmark = pytest.mark.process
@@ -125,12 +125,9 @@ class FakeVllm(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     FakeVllm.health = 200
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_server(FakeVllm) as url:
+        yield url
 
 
 @pytest.fixture

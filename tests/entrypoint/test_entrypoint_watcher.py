@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,6 +21,7 @@ from entrypoint.watch.statusfile import (
     zombie_exit_status,
 )
 from entrypoint.watch.watcher import Tracker, WatchConfig, check_health
+from fixtures.loopback import loopback_server
 
 
 class Clock:
@@ -208,14 +208,10 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_vllm() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     Handler.health, Handler.seen_auth = 200, []
     Handler.models = b'{"data": [{"id": "m"}]}'
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_server(Handler) as url:
+        yield url
 
 
 def test_check_health_ok_and_key(fake_vllm: str) -> None:

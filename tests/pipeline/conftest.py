@@ -3,17 +3,16 @@ package indexes served from the test's own folders (file:// or 127.0.0.1)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import http.server
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fixtures.loopback import loopback_server
 from pipeline import paths, pins
 
 # Captured before any fixture points FRONTIER_CACHE at a temp folder: real
@@ -93,24 +92,13 @@ class _LyingHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
-def serving(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    """An HTTP server on 127.0.0.1 answering with `handler`; yields its base URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-
-
 @pytest.fixture
 def http_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An HTTP server on 127.0.0.1 serving tmp_path/www."""
     www = tmp_path / "www"
     www.mkdir()
     try:
-        with serving(functools.partial(_LyingHandler, directory=str(www))) as url:
+        with loopback_server(functools.partial(_LyingHandler, directory=str(www))) as url:
             yield url, www
     finally:
         _LyingHandler.truncate = set()

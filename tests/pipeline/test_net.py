@@ -7,9 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from fixtures.loopback import loopback_server
 from pipeline import lock_wheels, net, pipconfig
-
-from .conftest import serving
 
 
 class _FlakyIndex(http.server.BaseHTTPRequestHandler):
@@ -40,7 +39,7 @@ class _FlakyIndex(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def flaky() -> Iterator[str]:
     _FlakyIndex.seen = 0
-    with serving(_FlakyIndex) as url:
+    with loopback_server(_FlakyIndex) as url:
         yield url
 
 
