@@ -214,8 +214,17 @@ if _HAS_GLUON_SM120:
         return out
 
     @gluon.jit
-    def _sm120_words(stage, shape: gl.constexpr, layout: gl.constexpr):
-        """A 16-bit stage viewed as 32-bit words (this Triton's name for the view)."""
+    def _sm120_words(stage):
+        """A 16-bit stage viewed as 32-bit words: the same bytes, swizzled in the same
+        16-byte units (this Triton's name for the view)."""
+        sl: gl.constexpr = stage.layout
+        layout: gl.constexpr = gl.SwizzledSharedLayout(
+            sl.vec // 2, sl.per_phase, sl.max_phase, sl.order
+        )
+        if len(stage.shape) == 3:  # K-split stages
+            shape: gl.constexpr = [stage.shape[0], stage.shape[1], stage.shape[2] // 2]
+        else:
+            shape: gl.constexpr = [stage.shape[0], stage.shape[1] // 2]
         if _VIEW_NEW:
             view = stage.reinterpret(gl.int32, shape, layout)
         else:
@@ -251,11 +260,6 @@ if _HAS_GLUON_SM120:
             )
             rows_g, col_g = _sm120_part_cols(BLOCK_N, KS, WG, 0, g_layout)
             rows_r, col_r = _sm120_part_cols(BLOCK_N, KS, WR, DV // 4, r_layout)
-            # The K-split stages' swizzles (_sparse_mla_split_kernel_sm120) in 16-byte units.
-            words_g: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [2, 1, 0])
-            words_r: gl.constexpr = gl.SwizzledSharedLayout(4, 4, 2, [2, 1, 0])
-            shape_g: gl.constexpr = [KS, BLOCK_N, 2 * WG]
-            shape_r: gl.constexpr = [KS, BLOCK_N, 2 * WR]
         else:
             g_layout: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [P_WARPS, 1], [1, 0])
             r_layout: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [P_WARPS, 1], [1, 0])
@@ -263,11 +267,6 @@ if _HAS_GLUON_SM120:
             rows_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, r_layout))
             col_g = gl.arange(0, DV // 4, layout=gl.SliceLayout(0, g_layout))
             col_r = DV // 4 + gl.arange(0, DR // 4, layout=gl.SliceLayout(0, r_layout))
-            # The stages as 32-bit words: the same bytes, swizzled in the same 16-byte units.
-            words_g: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
-            words_r: gl.constexpr = words_g
-            shape_g: gl.constexpr = [BLOCK_N, DV // 2]
-            shape_r: gl.constexpr = [BLOCK_N, DR // 2]
         to_bf16: gl.constexpr = kv_smem.dtype == gl.bfloat16
         kv_words = kv_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
         stride_b = stride_kvb // 4
@@ -290,8 +289,8 @@ if _HAS_GLUON_SM120:
             sr = gl.load(idx_row + n2 + rows_r, mask=n2 + rows_r < end, other=-1)
             b = i % NBUF
             mbarrier.wait(empty_bars.index(b), ((i // NBUF) & 1) ^ 1, pred=i >= NBUF)
-            _sm120_words(kv_smem.index(b), shape_g, words_g).store(_sm120_widen(x_g, to_bf16))
-            _sm120_words(kpe_smem.index(b), shape_r, words_r).store(_sm120_widen(x_r, to_bf16))
+            _sm120_words(kv_smem.index(b)).store(_sm120_widen(x_g, to_bf16))
+            _sm120_words(kpe_smem.index(b)).store(_sm120_widen(x_r, to_bf16))
             slot_smem.index(b).store(x_s)
             _cta_barrier()  # every producer thread's stores are done
             mbarrier.arrive(full_bars.index(b))
